@@ -1,0 +1,61 @@
+"""EngineConfig: every knob of the engine in one dataclass that validates itself."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # wins over kv_cache_fraction when set
+    kv_cache_fraction: float = 0.05  # of total memory (host RAM on CPU, device memory on GPU)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # token budget per step; longer prompts are prefilled in chunks
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_model_len: int | None = None  # None: the model's context length
+    starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
+
+    def __post_init__(self):
+        _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
+        _check(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", self.kv_cache_bytes, "must be > 0")
+        _check(0 < self.kv_cache_fraction <= 1, "kv_cache_fraction", self.kv_cache_fraction, "must be in (0, 1]")
+        _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "must be >= 1")
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
+        _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", self.attention_backend,
+               f"must be one of {ATTENTION_BACKENDS}")
+        _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {tuple(DTYPES)}")
+        _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
+        _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ValueError(f"EngineConfig.device: invalid device {self.device!r}") from exc
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def kv_budget_bytes(self) -> int:
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        return int(_total_memory_bytes(torch.device(self.device)) * self.kv_cache_fraction)
+
+
+def _check(ok: bool, name: str, value, why: str) -> None:
+    if not ok:
+        raise ValueError(f"EngineConfig.{name} {why}, got {value!r}")
+
+
+def _total_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

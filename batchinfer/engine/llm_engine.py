@@ -1,0 +1,142 @@
+"""LLMEngine: requests in, results out; each step schedules a batch, runs it, folds the tokens back."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from .attention import make_attention_backend
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .loader import LoadedModel, load_model
+from .model_runner import ModelRunner
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .stop_checker import StopChecker
+from .types import GenerationRequest, GenerationResult, now
+
+
+class LLMEngine:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.tokenizer = loaded.tokenizer
+        hf_config = loaded.hf_model.config
+        self.max_model_len = min(self.config.max_model_len or hf_config.max_position_embeddings,
+                                 hf_config.max_position_embeddings)
+        attention = make_attention_backend(self.config.attention_backend, self.config.device)
+        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.stop_checker = StopChecker(self.tokenizer, _eos_ids(loaded), self.max_model_len)
+        self.seqs: dict[str, Sequence] = {}
+
+    @classmethod
+    def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
+                        config: EngineConfig | None = None) -> "LLMEngine":
+        config = config or EngineConfig()
+        return cls(load_model(model_path, cache_dir, dtype=config.torch_dtype), config)
+
+    # the request API -------------------------------------------------------------------------------
+
+    def add_request(self, req: GenerationRequest) -> None:
+        if req.request_id in self.seqs:
+            raise ValueError(f"duplicate request_id {req.request_id!r}")
+        self._check_fits(req)
+        seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
+                       req.arrival_time if req.arrival_time is not None else now())
+        self.seqs[seq.request_id] = seq
+        self.runner.sampler.add(seq.request_id, seq.sampling)
+        self.scheduler.add(seq)
+
+    def step(self) -> list[GenerationResult]:
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return []
+        self._mark_scheduled(seqs)
+        sampled = self.runner.run(seqs)
+        finished = self.scheduler.postprocess(seqs, sampled, self.stop_checker)
+        self._mark_tokens(seqs, sampled)
+        return [self._result(s) for s in finished]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            self.scheduler.finish(seq, "abort")
+            self.runner.sampler.remove(request_id)
+
+    def generate(self, requests: Iterable[GenerationRequest],
+                 on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
+        """Run all requests to completion; on_result sees each as it finishes, the list keeps input order."""
+        order = []
+        for req in requests:
+            self.add_request(req)
+            order.append(req.request_id)
+        results: dict[str, GenerationResult] = {}
+        while self.has_unfinished():
+            for result in self.step():
+                results[result.request_id] = result
+                if on_result is not None:
+                    on_result(result)
+        return [results[rid] for rid in order]
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    # bookkeeping -----------------------------------------------------------------------------------
+
+    def _check_fits(self, req: GenerationRequest) -> None:
+        total = len(req.prompt_token_ids) + req.sampling.max_tokens
+        if not req.prompt_token_ids:
+            raise ValueError(f"request {req.request_id}: empty prompt")
+        if len(req.prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"request {req.request_id}: prompt of {len(req.prompt_token_ids)} tokens does not fit "
+                             f"max_model_len {self.max_model_len}")
+        if self.block_manager.blocks_for(min(total, self.max_model_len)) > self.block_manager.num_blocks:
+            raise ValueError(f"request {req.request_id}: {total} tokens exceed the whole KV cache "
+                             f"({self.block_manager.num_blocks} blocks of {self.config.block_size})")
+
+    def _mark_scheduled(self, seqs: list[Sequence]) -> None:
+        t = now()
+        for seq in seqs:
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = t
+
+    def _mark_tokens(self, seqs: list[Sequence], sampled: dict[str, int]) -> None:
+        t = now()
+        for seq in seqs:
+            if seq.request_id in sampled:
+                if seq.first_token_time is None:
+                    seq.first_token_time = t
+                seq.last_token_time = t
+
+    def _result(self, seq: Sequence) -> GenerationResult:
+        self.seqs.pop(seq.request_id, None)
+        self.runner.sampler.remove(seq.request_id)
+        return GenerationResult(
+            request_id=seq.request_id,
+            output_token_ids=seq.output_token_ids,
+            text=self.stop_checker.final_text(seq),
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens or 0,
+            arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time,
+            first_token_time=seq.first_token_time,
+            last_token_time=seq.last_token_time,
+        )
+
+
+def _eos_ids(loaded: LoadedModel) -> set[int]:
+    ids = set()
+    for source in (loaded.hf_model.config, getattr(loaded.hf_model, "generation_config", None)):
+        eos = getattr(source, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.add(loaded.tokenizer.eos_token_id)
+    return ids

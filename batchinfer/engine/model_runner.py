@@ -1,0 +1,122 @@
+"""Turn a scheduled batch into flat tensors, run the model over the paged KV cache, sample.
+
+The batch is laid out decodes first (one token each), then prefill chunks; the KV cache is
+allocated once, as many blocks as fit in the configured byte budget.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention.base import AttentionBackend, AttentionMetadata
+from .config import EngineConfig
+from .models import LlamaForCausalLM
+from .sampler import Sampler
+from .sequence import Sequence
+
+
+@dataclass
+class BatchInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor
+    sample_seqs: list[Sequence]
+
+
+def kv_bytes_per_block(hf_config, config: EngineConfig) -> int:
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
+    return per_token * config.block_size * config.torch_dtype.itemsize
+
+
+class ModelRunner:
+    def __init__(self, hf_model: torch.nn.Module, config: EngineConfig, attention: AttentionBackend,
+                 max_model_len: int):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.block_size = config.block_size
+        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len)
+        self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
+        if self.num_blocks < 1:
+            raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "
+                             f"({kv_bytes_per_block(hf_model.config, config)} B each)")
+        self.kv_caches = self._allocate_kv_cache()
+        self.sampler = Sampler()
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        m = self.model
+        shape = (2, m.num_layers, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
+        cache = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
+        return [(cache[0, i], cache[1, i]) for i in range(m.num_layers)]
+
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence]) -> dict[str, int]:
+        """Run one step; returns the token sampled for each sequence that reached its end."""
+        batch = self.prepare(seqs)
+        logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.sample_indices)
+        if not batch.sample_seqs:
+            return {}
+        ids = [s.request_id for s in batch.sample_seqs]
+        tokens = self.sampler.sample(logits, ids, [s.sampling for s in batch.sample_seqs])
+        return dict(zip(ids, tokens))
+
+    # batch preparation -----------------------------------------------------------------------------
+
+    def prepare(self, seqs: list[Sequence]) -> BatchInputs:
+        decodes = [s for s in seqs if s.num_new_tokens == 1]
+        prefills = [s for s in seqs if s.num_new_tokens > 1]
+        ordered = decodes + prefills
+        ids_d, pos_d, slots_d = self.prepare_decode(decodes)
+        ids_p, pos_p, slots_p = self.prepare_prefill(prefills)
+        q_lens = [s.num_new_tokens for s in ordered]
+        seq_lens = [s.num_computed_tokens + s.num_new_tokens for s in ordered]
+        cu = [0]
+        for n in q_lens:
+            cu.append(cu[-1] + n)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots_d + slots_p, torch.int64),
+            cu_seqlens_q=self._tensor(cu, torch.int32),
+            seq_lens=self._tensor(seq_lens, torch.int32),
+            block_tables=self._block_tables(ordered),
+            max_seqlen_q=max(q_lens),
+            max_seq_len=max(seq_lens),
+        )
+        sample_indices, sample_seqs = self.prepare_sample(ordered, cu)
+        return BatchInputs(self._tensor(ids_d + ids_p, torch.int64), self._tensor(pos_d + pos_p, torch.int64),
+                           meta, sample_indices, sample_seqs)
+
+    def prepare_decode(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
+        bs = self.block_size
+        positions = [s.num_computed_tokens for s in seqs]
+        input_ids = [s.token_ids[p] for s, p in zip(seqs, positions)]
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
+        return input_ids, positions, slots
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
+        input_ids, positions, slots = [], [], []
+        for s in seqs:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            input_ids += s.token_ids[start:end]
+            positions += range(start, end)
+            slots += self._chunk_slots(s.block_table, start, end)
+        return input_ids, positions, slots
+
+    def prepare_sample(self, seqs: list[Sequence], cu: list[int]) -> tuple[torch.Tensor, list[Sequence]]:
+        picked = [(cu[i + 1] - 1, s) for i, s in enumerate(seqs) if s.samples_this_step()]
+        return self._tensor([i for i, _ in picked], torch.int64), [s for _, s in picked]
+
+    def _chunk_slots(self, block_table: list[int], start: int, end: int) -> list[int]:
+        bs, slots = self.block_size, []
+        for b in range(start // bs, (end - 1) // bs + 1):
+            base = block_table[b] * bs
+            slots += range(base + max(start - b * bs, 0), base + min(end - b * bs, bs))
+        return slots
+
+    def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        width = max(len(s.block_table) for s in seqs)
+        return self._tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs], torch.int32)
+
+    def _tensor(self, data, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(data, dtype=dtype, device=self.device)

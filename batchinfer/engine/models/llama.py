@@ -1,0 +1,106 @@
+"""Llama forward pass over one flat ragged batch: fused QKV and gate/up, RoPE, RMSNorm, paged attention.
+
+Weights are taken from the transformers model; logits are computed only at the positions sampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..attention.base import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class LlamaLayer:
+    input_norm: torch.Tensor
+    qkv_proj: torch.Tensor  # [(num_q_heads + 2 * num_kv_heads) * head_dim, hidden]
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up_proj: torch.Tensor  # [2 * intermediate, hidden]
+    down_proj: torch.Tensor
+
+
+class LlamaForCausalLM:
+    def __init__(self, hf_model: torch.nn.Module, attention: AttentionBackend, device: torch.device,
+                 dtype: torch.dtype, max_model_len: int):
+        cfg = hf_model.config
+        self.num_layers = cfg.num_hidden_layers
+        self.num_q_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hidden_size = cfg.hidden_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = self.head_dim ** -0.5
+        self.attention = attention
+        self._load_weights(hf_model, device, dtype)
+        theta = _rope_theta(cfg)
+        self.rope_cos, self.rope_sin = _rope_tables(theta, self.head_dim, max_model_len, device)
+
+    def _load_weights(self, hf_model, device, dtype) -> None:
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(device=device, dtype=dtype).contiguous()
+
+        inner = hf_model.model
+        self.embed = take(inner.embed_tokens.weight)
+        self.final_norm = take(inner.norm.weight)
+        self.lm_head = take(hf_model.lm_head.weight) if hf_model.lm_head.weight is not inner.embed_tokens.weight else self.embed
+        self.layers = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(LlamaLayer(
+                input_norm=take(layer.input_layernorm.weight),
+                qkv_proj=take(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                o_proj=take(attn.o_proj.weight),
+                post_norm=take(layer.post_attention_layernorm.weight),
+                gate_up_proj=take(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                down_proj=take(mlp.down_proj.weight),
+            ))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids/positions: [num_tokens]; returns float32 logits [len(sample_indices), vocab]."""
+        hidden = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            hidden = hidden + self._attention(layer, hidden, cos, sin, k_cache, v_cache, meta)
+            hidden = hidden + self._mlp(layer, hidden)
+        last = F.rms_norm(hidden[sample_indices], (self.hidden_size,), self.final_norm, self.eps)
+        return F.linear(last, self.lm_head).float()
+
+    def _attention(self, layer: LlamaLayer, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+        n, d = hidden.shape[0], self.head_dim
+        x = F.rms_norm(hidden, (self.hidden_size,), layer.input_norm, self.eps)
+        qkv = F.linear(x, layer.qkv_proj).view(n, self.num_q_heads + 2 * self.num_kv_heads, d)
+        qk = _apply_rope(qkv[:, :self.num_q_heads + self.num_kv_heads], cos, sin)
+        q, k = qk[:, :self.num_q_heads], qk[:, self.num_q_heads:]
+        v = qkv[:, self.num_q_heads + self.num_kv_heads:]
+        out = self.attention.forward(q, k, v, k_cache, v_cache, meta, self.scale)
+        return F.linear(out.reshape(n, self.num_q_heads * d), layer.o_proj)
+
+    def _mlp(self, layer: LlamaLayer, hidden) -> torch.Tensor:
+        x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
+        gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down_proj)
+
+
+def _rope_theta(cfg) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if params.get("rope_type", "default") != "default":
+        raise NotImplementedError(f"rope_type {params['rope_type']!r} is not supported yet")
+    return float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+
+
+def _rope_tables(theta: float, head_dim: int, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(device)[:, None, :], emb.sin().to(device)[:, None, :]
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)

@@ -1,0 +1,64 @@
+"""A request as the engine tracks it: its tokens, its block table, how far it has been computed."""
+from __future__ import annotations
+
+from enum import Enum
+
+from .types import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                 arrival_time: float = 0.0):
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id}: empty prompt")
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling = sampling
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []  # content hash chain of the full blocks, filled lazily
+        self.num_computed_tokens = 0  # tokens whose K/V is in the cache
+        self.num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission
+        self.num_new_tokens = 0  # tokens the scheduler gave this sequence in the current step
+        self.num_preemptions = 0
+        self.skipped_steps = 0  # steps spent waiting while others were admitted (anti-starvation)
+        self.finish_reason: str | None = None
+        self.text = ""
+        self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={len(self)}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def samples_this_step(self) -> bool:
+        """True when the scheduled chunk reaches the end of the known tokens, so a new token is sampled."""
+        return self.num_computed_tokens + self.num_new_tokens == len(self.token_ids)
