@@ -1,0 +1,1 @@
+"""Triton kernels over the paged KV cache (store, extend, decode) and their plain torch references."""

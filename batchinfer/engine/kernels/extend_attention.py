@@ -1,0 +1,108 @@
+"""Extend attention kernel: each sequence's new tokens attend to its cached prefix (read from the
+paged cache through the block table) and causally to each other (read from the new K/V), with one
+online softmax across both parts. This is prefill, with or without a cached prefix."""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, UPCAST: tl.constexpr):
+    """One online-softmax step of q [M, D] over a tile k, v [N, D]; mask [M, N] marks visible keys."""
+    if UPCAST:  # the interpreter gets bf16 dot products wrong; fp32 is exact there
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = tl.dot(q, tl.trans(k)) * scale_log2
+    qk = tl.where(mask, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_attention_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, k_cache_ptr, v_cache_ptr,
+    cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
+    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+):
+    seq, head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kv_head = head // GROUP
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    prefix_len = tl.load(seq_lens_ptr + seq) - q_len
+    if m_block * BLOCK_M >= q_len:
+        return
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    mask_m = offs_m < q_len
+    tokens_m = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + tokens_m[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite, so rows with nothing visible yet stay NaN-free
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Part 1: the cached prefix, through the block table.
+    table = block_tables_ptr + seq.to(tl.int64) * stride_block_table
+    for start in range(0, prefix_len, BLOCK_N):
+        pos = start + offs_n
+        mask_n = pos < prefix_len
+        block = tl.load(table + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
+        rows = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_token + kv_head * stride_cache_head
+        tile_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
+        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
+        acc, m_i, l_i = _attend(q, k, v, mask_n[None, :], acc, m_i, l_i, scale_log2, UPCAST)
+
+    # Part 2: the new tokens, causally (new token i sits at position prefix_len + i).
+    for start in range(0, tl.minimum(q_len, (m_block + 1) * BLOCK_M), BLOCK_N):
+        pos = start + offs_n
+        mask_n = pos < q_len
+        tokens_n = (q_start + pos).to(tl.int64)
+        tile_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + tokens_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
+                    mask=tile_mask, other=0.0)
+        v = tl.load(v_ptr + tokens_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+                    mask=tile_mask, other=0.0)
+        visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
+        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, UPCAST)
+
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(o_ptr + tokens_m[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q: int,
+                     scale: float, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """q: [num_tokens, q_heads, dim]; k, v: the same tokens' new K/V [num_tokens, kv_heads, dim];
+    caches [num_blocks, block_size, kv_heads, dim] hold each sequence's prefix. Returns like q."""
+    out = torch.empty_like(q)
+    num_tokens, q_heads, dim = q.shape
+    if num_tokens == 0:
+        return out
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == k.stride(2) == v.stride(2) == 1
+    batch, kv_heads, block_size = len(seq_lens), k_cache.shape[2], k_cache.shape[1]
+    grid = (batch, q_heads, triton.cdiv(max_seqlen_q, block_m))
+    _extend_attention_kernel[grid](
+        q, k, v, out, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+    )
+    return out
