@@ -1,0 +1,111 @@
+"""The job system's tables: jobs, their requests, and the work units that run them."""
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobStatus:
+    VALIDATING = "validating"
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+    TERMINAL = (COMPLETED, FAILED, EXPIRED, CANCELLED)
+    RUNNABLE = (QUEUED, IN_PROGRESS)
+
+
+class RequestStatus:
+    PENDING = "pending"  # valid, waiting for a unit
+    PLANNED = "planned"  # in a unit that has not started
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    OPEN = (PENDING, PLANNED, RUNNING)
+    UNSTARTED = (PENDING, PLANNED)
+
+
+class UnitStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    model: Mapped[str] = mapped_column(String(128))
+    input_filename: Mapped[str] = mapped_column(String(512), default="")
+    metadata_: Mapped[dict] = mapped_column("metadata", JSON, default=dict)
+    skip_invalid: Mapped[bool] = mapped_column(default=False)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    completion_window_s: Mapped[float] = mapped_column(Float)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    invalid: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[list] = mapped_column(JSON, default=list)  # [{line, code, param, message}]
+    error_count: Mapped[int] = mapped_column(Integer, default=0)
+    input_key: Mapped[str | None] = mapped_column(String(512))
+    output_key: Mapped[str | None] = mapped_column(String(512))
+    error_key: Mapped[str | None] = mapped_column(String(512))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    queued_at: Mapped[float | None] = mapped_column(Float)
+    in_progress_at: Mapped[float | None] = mapped_column(Float)
+    finalizing_at: Mapped[float | None] = mapped_column(Float)
+    completed_at: Mapped[float | None] = mapped_column(Float)
+    failed_at: Mapped[float | None] = mapped_column(Float)
+    expired_at: Mapped[float | None] = mapped_column(Float)
+    cancelling_at: Mapped[float | None] = mapped_column(Float)
+    cancelled_at: Mapped[float | None] = mapped_column(Float)
+
+
+class Request(Base):
+    """One valid input line of a job; `index` is its position among the job's valid lines."""
+
+    __tablename__ = "requests"
+    __table_args__ = (Index("ix_requests_unit", "unit_id", "unit_pos"), Index("ix_requests_job_status", "job_id", "status"))
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    line: Mapped[int] = mapped_column(Integer)  # 1-based line number in the input file
+    custom_id: Mapped[str] = mapped_column(String(512))
+    status: Mapped[str] = mapped_column(String(16))
+    unit_id: Mapped[str | None] = mapped_column(ForeignKey("work_units.id"))
+    unit_pos: Mapped[int | None] = mapped_column(Integer)
+
+
+class WorkUnit(Base):
+    """A batch of requests, possibly from several jobs, that one worker runs in one engine call."""
+
+    __tablename__ = "work_units"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    queue: Mapped[str] = mapped_column(String(256))
+    prefix_key: Mapped[str] = mapped_column(String(128))
+    shared_prefix_len: Mapped[int] = mapped_column(Integer, default=0)
+    num_requests: Mapped[int] = mapped_column(Integer)
+    input_key: Mapped[str] = mapped_column(String(512))
+    result_key: Mapped[str | None] = mapped_column(String(512))  # set by the run that won the commit fence
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float)

