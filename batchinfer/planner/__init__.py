@@ -1,33 +1,79 @@
 """Cut the pending requests of queued jobs into work units.
 
-This first version is first come, first served; prefix grouping replaces it (issue 4).
+With grouping (the default) the requests of one model, across all queued jobs, are put in a
+prefix tree over KV blocks; units keep prefix groups together, follow the tree depth first (most
+prefix reuse first), and carry the group's prefix_key so routing can send a group to the worker
+that holds its prefix. Priority classes run in order and jobs share each class fairly
+(planner.fairness). grouping=False is first come, first served, for comparison.
 """
 from __future__ import annotations
 
-import hashlib
-
+from batchinfer.planner.estimate import PlanEstimate, estimate_plan
+from batchinfer.planner.fairness import fair_order, priority_classes
+from batchinfer.planner.grouping import Grouping, UnitPacker
+from batchinfer.planner.prefix_tree import PrefixTree, gc_paused, prefix_key
 from batchinfer.planner.types import PendingRequest, PlannerConfig, UnitPlan
 
-__all__ = ["PendingRequest", "PlannerConfig", "UnitPlan", "plan_units"]
-
-
-def _prefix_key(req: PendingRequest, block_size: int) -> str:
-    head = req.prompt_token_ids[:block_size]
-    return hashlib.sha1(repr(head).encode()).hexdigest()[:16]
+__all__ = ["PendingRequest", "PlannerConfig", "UnitPlan", "PlanEstimate", "plan_units", "estimate_plan",
+           "prefix_key"]
 
 
 def plan_units(pending: list[PendingRequest], config: PlannerConfig) -> list[UnitPlan]:
+    with gc_paused():
+        if not config.grouping:
+            return _first_come_first_served(pending, config)
+        units: list[UnitPlan] = []
+        for members in priority_classes(pending, config):
+            units.extend(_plan_class(members, config))
+        return units
+
+
+def _plan_class(pending: list[PendingRequest], config: PlannerConfig) -> list[UnitPlan]:
+    pending = sorted(pending, key=lambda r: (r.submitted_at, r.job_id, r.index))
+    tree = PrefixTree(pending, config.block_size)
+    grouping = Grouping(tree, config)
+    packed = UnitPacker(grouping, config).pack()
+    position = {id(pending[p]): p for unit in packed for p in unit}
+    units = []
+    for requests in fair_order([[pending[p] for p in unit] for unit in packed]):
+        positions = [position[id(r)] for r in requests]
+        units.append(_unit_plan(requests, [grouping.group_of[p] for p in positions]))
+    _set_expected_cached(units, tree, position)
+    return units
+
+
+def _unit_plan(requests: list[PendingRequest], groups: list) -> UnitPlan:
+    """The unit routes by the group holding most of its prompt tokens ("" when that is no group)."""
+    weight: dict[int, int] = {}
+    for req, group in zip(requests, groups):
+        weight[id(group)] = weight.get(id(group), 0) + len(req.prompt_token_ids)
+    dominant = max(groups, key=lambda g: weight[id(g)])
+    if dominant is None:
+        return UnitPlan(requests, "", 0)
+    return UnitPlan(requests, dominant.key, dominant.prefix_len)
+
+
+def _set_expected_cached(units: list[UnitPlan], tree: PrefixTree, position: dict[int, int]) -> None:
+    """Attribute the optimum (each distinct block computed once, in emission order) to units."""
+    cached = iter(tree.cached_in_order([position[id(r)] for unit in units for r in unit.requests]))
+    for unit in units:
+        unit.expected_cached_tokens = sum(min(next(cached), max(len(r.prompt_token_ids) - 1, 0))
+                                          for r in unit.requests)
+
+
+def _first_come_first_served(pending: list[PendingRequest], config: PlannerConfig) -> list[UnitPlan]:
     ordered = sorted(pending, key=lambda r: (-r.priority, r.submitted_at, r.job_id, r.index))
     units: list[UnitPlan] = []
     current: list[PendingRequest] = []
     tokens = 0
     for req in ordered:
-        cost = len(req.prompt_token_ids) + req.max_tokens
-        if current and (len(current) >= config.max_requests_per_unit or tokens + cost > config.max_tokens_per_unit):
-            units.append(UnitPlan(current, _prefix_key(current[0], config.block_size)))
+        if current and (len(current) >= config.max_requests_per_unit or tokens + req.cost > config.max_tokens_per_unit):
+            units.append(UnitPlan(current, ""))
             current, tokens = [], 0
         current.append(req)
-        tokens += cost
+        tokens += req.cost
     if current:
-        units.append(UnitPlan(current, _prefix_key(current[0], config.block_size)))
+        units.append(UnitPlan(current, ""))
+    tree = PrefixTree(ordered, config.block_size)
+    _set_expected_cached(units, tree, {id(r): p for p, r in enumerate(ordered)})
     return units

@@ -13,27 +13,52 @@ class PendingRequest:
     priority: int = 0  # higher runs first
     submitted_at: float = 0.0  # the job's queued time, wall clock
 
+    @property
+    def cost(self) -> int:
+        """Tokens the request can occupy: its prompt plus the most it may generate."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
 
 @dataclass
 class UnitPlan:
     requests: list[PendingRequest]  # in the order the engine should receive them
-    prefix_key: str  # routing key: a hash of the prefix this unit's requests share
-    shared_prefix_len: int = 0
+    prefix_key: str  # routing key: hash of the prefix group's shared blocks; "" = no group worth routing
+    shared_prefix_len: int = 0  # tokens of the group prefix (prefix_key) that the unit's grouped requests share
+    expected_cached_tokens: int = 0  # prompt tokens a warm prefix cache serves (every distinct block once)
 
     @property
     def prompt_tokens(self) -> int:
         return sum(len(r.prompt_token_ids) for r in self.requests)
+
+    @property
+    def cost(self) -> int:
+        return sum(r.cost for r in self.requests)
+
+    @property
+    def job_ids(self) -> list[str]:
+        return sorted({r.job_id for r in self.requests})
 
 
 @dataclass
 class PlannerConfig:
     max_requests_per_unit: int = 64
     max_tokens_per_unit: int = 65536  # prompt + max_tokens summed over the unit
-    block_size: int = 16
+    block_size: int = 16  # the engine's KV block size: prefixes are shared in whole blocks
     grouping: bool = True  # False: first come, first served
+    min_group_prefix_tokens: int = 64  # a prefix group must add at least this many shared tokens
+    min_group_requests: int = 2
+    min_unit_fill: float = 0.5  # below this fill a unit takes part of a subtree rather than closing early
+    priority_aging_s: float = 0.0  # > 0: a job gains one priority level per this many seconds queued
+    now: float | None = None  # reference time for aging (None: time.time())
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("max_requests_per_unit", "max_tokens_per_unit", "block_size"):
+        for name in ("max_requests_per_unit", "max_tokens_per_unit", "block_size", "min_group_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PlannerConfig.{name} must be >= 1")
+        if self.min_group_prefix_tokens < 0:
+            raise ValueError("PlannerConfig.min_group_prefix_tokens must be >= 0")
+        if not 0 <= self.min_unit_fill <= 1:
+            raise ValueError("PlannerConfig.min_unit_fill must be in [0, 1]")
+        if self.priority_aging_s < 0:
+            raise ValueError("PlannerConfig.priority_aging_s must be >= 0")

@@ -1,0 +1,120 @@
+"""Find prefix groups in a PrefixTree and cut the tree into work units that keep groups together.
+
+A prefix group is a branch point of the trie whose shared prefix adds at least
+min_group_prefix_tokens to the group above it and that holds at least min_group_requests
+requests: a system prompt (or a long document) that several requests, of any job, start with.
+A request belongs to its deepest group; its routing key is that group's prefix_key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchinfer.planner.prefix_tree import Node, PrefixTree, prefix_key
+from batchinfer.planner.types import PlannerConfig
+
+
+@dataclass
+class Group:
+    key: str
+    prefix_len: int  # tokens
+    node: Node
+
+
+class Grouping:
+    def __init__(self, tree: PrefixTree, config: PlannerConfig):
+        self.tree = tree
+        self.config = config
+        self.group_at: dict[int, Group] = {}  # id(node) -> group rooted there
+        self.group_of: list[Group | None] = [None] * len(tree.requests)
+        self._find_groups()
+
+    def _find_groups(self) -> None:
+        cfg = self.config
+        stack: list[tuple[Node, Group | None]] = [(self.tree.root, None)]
+        while stack:
+            node, group = stack.pop()
+            above = group.prefix_len if group else 0
+            if (node.depth and node.is_branch_point() and node.count >= cfg.min_group_requests
+                    and node.depth - above >= max(cfg.min_group_prefix_tokens, 1)):
+                group = self._make_group(node)
+            for position in node.ends:
+                self.group_of[position] = group
+            stack.extend((child, group) for child in node.children.values())
+
+    def _make_group(self, node: Node) -> Group:
+        length = node.depth
+        group = Group(prefix_key(self.tree.requests[node.first].prompt_token_ids[:length]), length, node)
+        self.group_at[id(node)] = group
+        return group
+
+    @property
+    def groups(self) -> list[Group]:
+        return list(self.group_at.values())
+
+
+class UnitPacker:
+    """Depth-first packing: a subtree goes whole into a unit when it fits; a group that fits one unit
+    is never split; a group too big for one unit gets units of its own; other subtrees are split
+    rather than closing a unit below min_unit_fill."""
+
+    def __init__(self, grouping: Grouping, config: PlannerConfig):
+        self.grouping = grouping
+        self.tree = grouping.tree
+        self.config = config
+        self.units: list[list[int]] = []
+        self._current: list[int] = []
+        self._cost = 0
+
+    def pack(self) -> list[list[int]]:
+        self._pack(self.tree.root)
+        self._flush()
+        return self.units
+
+    def _pack(self, node: Node) -> None:
+        while len(node.children) == 1 and not node.ends and id(node) not in self.grouping.group_at:
+            node = next(iter(node.children.values()))
+        if self._fits(node.count, node.cost):
+            self._add_all(node)
+            return
+        keep_together = id(node) in self.grouping.group_at or self._fill() >= self.config.min_unit_fill
+        if self._fits_empty(node.count, node.cost) and keep_together:
+            self._flush()
+            self._add_all(node)
+            return
+        own_units = id(node) in self.grouping.group_at and not self._fits_empty(node.count, node.cost)
+        if own_units:
+            self._flush()
+        for position in node.ends:
+            self._add(position)
+        for child in node.ordered:
+            self._pack(child)
+        if own_units:
+            self._flush()
+
+    def _add_all(self, node: Node) -> None:
+        for position in self.tree.leaves_in_order(node):
+            self._add(position)
+
+    def _add(self, position: int) -> None:
+        cost = self.tree.requests[position].cost
+        if not self._fits(1, cost):
+            self._flush()
+        self._current.append(position)
+        self._cost += cost
+
+    def _fits(self, count: int, cost: int) -> bool:
+        cfg = self.config
+        return (len(self._current) + count <= cfg.max_requests_per_unit
+                and (self._cost + cost <= cfg.max_tokens_per_unit or not self._current and count == 1))
+
+    def _fits_empty(self, count: int, cost: int) -> bool:
+        return count <= self.config.max_requests_per_unit and cost <= self.config.max_tokens_per_unit
+
+    def _fill(self) -> float:
+        cfg = self.config
+        return max(len(self._current) / cfg.max_requests_per_unit, self._cost / cfg.max_tokens_per_unit)
+
+    def _flush(self) -> None:
+        if self._current:
+            self.units.append(self._current)
+            self._current, self._cost = [], 0

@@ -1,0 +1,221 @@
+"""The planner on random workloads: every request planned once, bounds kept, prefix groups kept
+together in depth-first order, jobs served fairly and by priority, estimates exact."""
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+
+import pytest
+
+from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan, plan_units, prefix_key
+
+BS = 16
+
+
+def tokens(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(3, 49152) for _ in range(n))
+
+
+def make_workload(rng, jobs=4, per_job=(20, 120), prompts=4, prompt_blocks=(8, 40), max_tokens=(1, 64),
+                  preamble_blocks=0):
+    """Jobs mixing the same system prompts (whole blocks) in random order, after a shared preamble."""
+    preamble = tokens(rng, preamble_blocks * BS)
+    systems = [preamble + tokens(rng, rng.randint(*prompt_blocks) * BS) for _ in range(prompts)]
+    pending, system_of = [], {}
+    for j in range(jobs):
+        for i in range(rng.randint(*per_job)):
+            s = rng.randrange(prompts)
+            req = PendingRequest(f"job{j}", i, systems[s] + tokens(rng, rng.randint(1, 40)),
+                                 rng.randint(*max_tokens), 0, float(j))
+            pending.append(req)
+            system_of[(req.job_id, req.index)] = s
+    return pending, systems, system_of
+
+
+def key(req):
+    return req.job_id, req.index
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_request_is_planned_once_within_bounds(seed):
+    rng = random.Random(seed)
+    pending, _, _ = make_workload(rng)
+    config = PlannerConfig(max_requests_per_unit=rng.choice([3, 16, 64]),
+                           max_tokens_per_unit=rng.choice([2000, 8000, 65536]), block_size=BS)
+    units = plan_units(pending, config)
+    planned = [key(r) for u in units for r in u.requests]
+    assert sorted(planned) == sorted(key(r) for r in pending)
+    for unit in units:
+        assert 1 <= len(unit.requests) <= config.max_requests_per_unit
+        assert unit.cost <= config.max_tokens_per_unit or len(unit.requests) == 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_prefix_group_that_fits_one_unit_is_never_split(seed):
+    rng = random.Random(100 + seed)
+    pending, systems, system_of = make_workload(rng, per_job=(2, 12))
+    config = PlannerConfig(max_requests_per_unit=64, block_size=BS)
+    units = plan_units(pending, config)
+    units_of = defaultdict(set)
+    for u, unit in enumerate(units):
+        for r in unit.requests:
+            units_of[system_of[key(r)]].add(u)
+    for s, members in units_of.items():
+        assert len(members) == 1, f"system prompt {s} split over units {members}"
+    for unit in units:
+        dominant = max(set(system_of[key(r)] for r in unit.requests),
+                       key=lambda s: sum(len(r.prompt_token_ids) for r in unit.requests if system_of[key(r)] == s))
+        assert unit.prefix_key == prefix_key(systems[dominant])
+        assert unit.shared_prefix_len == len(systems[dominant])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_big_group_gets_units_of_its_own_keyed_by_its_prefix(seed):
+    rng = random.Random(200 + seed)
+    pending, systems, system_of = make_workload(rng, jobs=3, per_job=(80, 150))
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=16, block_size=BS))
+    for unit in units:
+        members = {system_of[key(r)] for r in unit.requests}
+        assert len(members) == 1  # every group here is bigger than a unit
+        assert unit.prefix_key == prefix_key(systems[members.pop()])
+
+
+def test_one_job_runs_depth_first_with_most_reuse_first():
+    rng = random.Random(7)
+    pending, systems, system_of = make_workload(rng, jobs=1, per_job=(300, 300), prompt_blocks=(5, 40))
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=8, block_size=BS))
+    sequence = [system_of[key(r)] for u in units for r in u.requests]
+    runs = [s for i, s in enumerate(sequence) if i == 0 or sequence[i - 1] != s]
+    assert len(runs) == len(set(runs)), f"a group was left and resumed: {runs}"
+    count = defaultdict(int)
+    for s in sequence:
+        count[s] += 1
+    savings = {s: (count[s] - 1) * len(systems[s]) for s in count}
+    assert runs == sorted(runs, key=lambda s: -savings[s])
+
+
+def test_nested_prefixes_form_nested_groups_and_requests_route_by_the_deepest():
+    rng = random.Random(3)
+    pending, systems, system_of = make_workload(rng, jobs=2, per_job=(30, 30), preamble_blocks=10)
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=64, block_size=BS))
+    keys = {u.prefix_key for u in units}
+    assert keys <= {prefix_key(s) for s in systems}
+    assert prefix_key(systems[0][:10 * BS]) not in keys  # the shared preamble is not the routing key
+    est = estimate_plan(pending, PlannerConfig(block_size=BS))
+    assert est.prefix_groups == 1 + len(systems)  # the preamble, then each system prompt under it
+
+
+def test_requests_without_a_shared_prefix_route_to_no_group():
+    rng = random.Random(4)
+    pending = [PendingRequest("j", i, tokens(rng, rng.randint(20, 200)), 8) for i in range(50)]
+    units = plan_units(pending, PlannerConfig(block_size=BS))
+    assert [u.prefix_key for u in units] == [""]
+    assert units[0].expected_cached_tokens == 0
+
+
+def test_short_common_template_prefix_is_not_a_group():
+    rng = random.Random(5)
+    header = tokens(rng, 2 * BS)  # the chat template's default system line, shorter than min_group_prefix_tokens
+    pending = [PendingRequest("j", i, header + tokens(rng, 50), 8) for i in range(10)]
+    units = plan_units(pending, PlannerConfig(block_size=BS, min_group_prefix_tokens=64))
+    assert units[0].prefix_key == ""
+    assert units[0].expected_cached_tokens == 9 * 2 * BS
+
+
+def test_a_small_job_submitted_after_a_big_one_is_not_starved():
+    rng = random.Random(8)
+    big_sys, small_sys = tokens(rng, 20 * BS), tokens(rng, 20 * BS)
+    pending = [PendingRequest("big", i, big_sys + tokens(rng, 20), 32, 0, 0.0) for i in range(2000)]
+    pending += [PendingRequest("small", i, small_sys + tokens(rng, 20), 32, 0, 60.0) for i in range(40)]
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=16, block_size=BS))
+    small_units = [u for u, unit in enumerate(units) if any(r.job_id == "small" for r in unit.requests)]
+    assert len(units) > 120 and small_units
+    assert max(small_units) <= 2 * len(small_units) + 1  # served alternately with the big job, not after it
+
+
+def test_fair_share_interleaves_jobs_of_one_class_by_work_received():
+    rng = random.Random(9)
+    pending, _, _ = make_workload(rng, jobs=3, per_job=(200, 200), prompts=3)
+    pending = [PendingRequest(r.job_id, r.index, r.prompt_token_ids[:], 16, 0, r.submitted_at) for r in pending]
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=10, block_size=BS))
+    served, total = defaultdict(int), defaultdict(int)
+    for r in pending:
+        total[r.job_id] += r.cost
+    for unit in units[: len(units) // 2]:
+        for r in unit.requests:
+            served[r.job_id] += r.cost
+    shares = [served[j] / total[j] for j in total]
+    assert min(shares) > 0.25  # half the units in, every job has had a good part of its work
+
+
+def test_higher_priority_runs_first_even_when_submitted_later():
+    rng = random.Random(10)
+    shared = tokens(rng, 20 * BS)
+    low = [PendingRequest("low", i, shared + tokens(rng, 10), 8, 0, 0.0) for i in range(100)]
+    high = [PendingRequest("high", i, shared + tokens(rng, 10), 8, 5, 100.0) for i in range(30)]
+    units = plan_units(low + high, PlannerConfig(max_requests_per_unit=16, block_size=BS))
+    priorities = [{r.priority for r in u.requests} for u in units]
+    assert all(len(p) == 1 for p in priorities)  # classes never share a unit
+    order = [p.pop() for p in priorities]
+    assert order == sorted(order, reverse=True)
+    assert units[0].prefix_key == units[-1].prefix_key  # same prefix: routed to the same worker
+
+
+def test_aging_lifts_a_long_waiting_low_priority_job():
+    rng = random.Random(11)
+    old = [PendingRequest("old", i, tokens(rng, 40), 8, 0, 0.0) for i in range(10)]
+    new = [PendingRequest("new", i, tokens(rng, 40), 8, 2, 990.0) for i in range(10)]
+    config = PlannerConfig(block_size=BS, priority_aging_s=300, now=1000.0)
+    units = plan_units(new + old, config)
+    assert units[0].requests[0].job_id == "old"  # 0 + floor(1000/300) = 3 > 2 + 0
+    units = plan_units(new + old, PlannerConfig(block_size=BS))
+    assert units[0].requests[0].job_id == "new"
+
+
+def test_without_grouping_units_follow_submission_order():
+    rng = random.Random(12)
+    pending, _, _ = make_workload(rng, jobs=3, per_job=(20, 40))
+    rng.shuffle(pending)
+    units = plan_units(pending, PlannerConfig(grouping=False, max_requests_per_unit=16, block_size=BS))
+    order = [(r.submitted_at, r.job_id, r.index) for u in units for r in u.requests]
+    assert order == sorted(order)
+    assert {u.prefix_key for u in units} == {""}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_expected_cached_tokens_count_every_distinct_block_once(seed):
+    rng = random.Random(300 + seed)
+    pending, systems, system_of = make_workload(rng)
+    users = defaultdict(int)
+    for r in pending:
+        users[system_of[key(r)]] += 1
+    # user parts are random: only the system prompts (whole blocks) are shared
+    optimum = sum((users[s] - 1) * len(systems[s]) for s in users)
+    units = plan_units(pending, PlannerConfig(block_size=BS))
+    assert sum(u.expected_cached_tokens for u in units) == optimum
+    est = estimate_plan(pending, PlannerConfig(block_size=BS), prefill_tokens_per_s=1000.0,
+                        decode_tokens_per_s=100.0, workers=2)
+    prompt = sum(len(r.prompt_token_ids) for r in pending)
+    assert (est.requests, est.prompt_tokens, est.expected_cached_tokens) == (len(pending), prompt, optimum)
+    assert est.prefix_groups == len(users)
+    expected_s = ((prompt - optimum) / 1000.0 + sum(r.max_tokens for r in pending) / 100.0) / 2
+    assert est.estimated_run_s == pytest.approx(expected_s)
+
+
+def test_estimate_without_throughput_has_no_run_time():
+    est = estimate_plan([PendingRequest("j", 0, (1, 2, 3), 4)])
+    assert est.estimated_run_s is None and est.expected_cached_tokens == 0 and est.prefix_groups == 0
+
+
+def test_plans_100k_requests_in_seconds():
+    rng = random.Random(13)
+    systems = [tokens(rng, rng.randint(10, 30) * BS) for _ in range(8)]
+    tails = [tokens(rng, 40) for _ in range(1000)]
+    pending = [PendingRequest(f"job{i % 10}", i, systems[i % 8] + tails[i % 1000][: 10 + i % 30], 16, 0, float(i % 10))
+               for i in range(100_000)]
+    start = time.perf_counter()
+    units = plan_units(pending, PlannerConfig(block_size=BS))
+    elapsed = time.perf_counter() - start
+    assert sum(len(u.requests) for u in units) == 100_000
+    assert elapsed < 30, f"planning 100k requests took {elapsed:.1f}s"
