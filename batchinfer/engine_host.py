@@ -33,6 +33,9 @@ def get_generator(settings: Settings):
 
 
 def _load(settings: Settings):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bar tells the story
     if settings.engine == "batchinfer":
         from batchinfer.engine import LLMEngine
 

@@ -1,0 +1,1 @@
+"""Celery app and task entry points: thin wrappers over the batchinfer package."""

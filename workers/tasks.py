@@ -1,0 +1,50 @@
+"""Task entry points. Tasks take ids only; everything else comes from the database and storage."""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+from batchinfer import service
+from batchinfer.context import AppContext
+from batchinfer.dispatch import dispatch
+from batchinfer.engine_host import get_generator
+from batchinfer.routing import SHARED_QUEUE
+from batchinfer.settings import get_settings
+from batchinfer.unit_runner import run_unit
+from workers import registry
+from workers.celery_app import app
+
+log = logging.getLogger(__name__)
+DISPATCH_TASK = "batchinfer.dispatch"
+RUN_UNIT_TASK = "batchinfer.run_unit"
+
+
+@lru_cache(maxsize=1)
+def context() -> AppContext:
+    return AppContext.create(get_settings(), migrate=False)
+
+
+@app.task(name=DISPATCH_TASK)
+def dispatch_task() -> int:
+    ctx = context()
+    with registry.dispatch_lock(ctx.settings):
+        service.expire_overdue(ctx)
+        units = dispatch(ctx, registry.live_workers(ctx.settings))
+        for unit in units:
+            run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue)
+    log.info("dispatched %d units", len(units))
+    return len(units)
+
+
+@app.task(name=RUN_UNIT_TASK, bind=True)
+def run_unit_task(self, unit_id: str) -> dict:
+    ctx = context()
+    worker = (self.request.hostname or "worker").split("@")[0]
+    outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker)
+    return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
+
+
+def trigger_dispatch(countdown: float | None = None) -> None:
+    """Called after a submit: the short countdown lets concurrent submissions be planned together."""
+    delay = get_settings().dispatch_countdown_s if countdown is None else countdown
+    dispatch_task.apply_async(countdown=delay, queue=SHARED_QUEUE)
