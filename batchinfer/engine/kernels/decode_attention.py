@@ -70,21 +70,26 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, o_ptr, num_splits,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
-    seq, head = tl.program_id(0), tl.program_id(1)
+    seq, kv_head = tl.program_id(0), tl.program_id(1)
+    offs_h = tl.arange(0, BLOCK_H)
+    heads = kv_head * GROUP + offs_h
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < num_splits
-    lse = tl.load(part_lse_ptr + seq.to(tl.int64) * stride_lb + head * stride_lh + offs_s,
-                  mask=mask_s, other=float("-inf"))
-    weight = tl.math.exp2(lse - tl.maximum(tl.max(lse, 0), -1e30))
-    part = part_out_ptr + seq.to(tl.int64) * stride_pb + head * stride_ph + offs_s * stride_ps
-    outs = tl.load(part[:, None] + offs_d[None, :], mask=mask_s[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    total = tl.sum(weight, 0)
-    out = tl.sum(weight[:, None] * outs, 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + seq.to(tl.int64) * stride_ob + head * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    mask_hs = (offs_h < GROUP)[:, None] & (offs_s < num_splits)[None, :]
+    lse = tl.load(part_lse_ptr + seq.to(tl.int64) * stride_lb + heads[:, None] * stride_lh + offs_s[None, :],
+                  mask=mask_hs, other=float("-inf"))
+    weight = tl.math.exp2(lse - tl.maximum(tl.max(lse, 1), -1e30)[:, None])  # [H, S]; 0 for empty splits
+    part = part_out_ptr + seq.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + offs_s[None, :] * stride_ps
+    mask_d = offs_d < HEAD_DIM
+    outs = tl.load(part[:, :, None] + offs_d[None, None, :], mask=mask_hs[:, :, None] & mask_d[None, None, :],
+                   other=0.0)
+    total = tl.sum(weight, 1)
+    out = tl.sum(weight[:, :, None] * outs, 1) / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(o_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=(offs_h < GROUP)[:, None] & mask_d[None, :])
 
 
 def default_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
@@ -117,10 +122,10 @@ def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: i
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
     )
-    _decode_reduce_kernel[(batch, q_heads)](
+    _decode_reduce_kernel[(batch, kv_heads)](
         part_out, part_lse, out, num_splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
+        GROUP=group, BLOCK_H=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
     )
     return out
