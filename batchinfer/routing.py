@@ -1,8 +1,17 @@
-"""Which Celery queue a work unit goes to.
+"""Which Celery queue a work unit goes to: the worker that holds its prefix, without leaving any idle.
 
-This first version sends everything to the shared queue; prefix-affinity routing replaces it (issue 4).
+Every worker consumes the shared queue and its own queue (worker_queue). A unit whose prefix group
+is worth routing (non-empty prefix_key) goes to the own queue of the worker that holds the prefix:
+one that has run the group before, else a sticky choice made here (least loaded, ties broken by
+rendezvous hashing of the key, so every dispatcher picks the same worker). Load spills a group to
+a second worker rather than letting one queue grow while another is empty; runtime imbalance is
+fixed by idle workers stealing from busy workers' queues (worker_registry.steal_one), and a dead
+worker's queue is drained to the shared queue (reaper).
 """
 from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
 
 SHARED_QUEUE = "batchinfer"
 
@@ -12,5 +21,69 @@ def worker_queue(worker_name: str) -> str:
     return f"{SHARED_QUEUE}.worker.{worker_name}"
 
 
-def choose_queue(prefix_key: str, live_workers: list[str]) -> str:
-    return SHARED_QUEUE
+@dataclass
+class WorkerLoad:
+    name: str
+    backlog: float = 0.0  # work already queued for it, in the same unit as UnitPlan.cost (tokens)
+    busy: bool = False
+    holds: frozenset[str] = field(default_factory=frozenset)  # prefix keys it ran recently
+
+
+def rendezvous_order(prefix_key: str, workers: list[str]) -> list[str]:
+    """Highest-random-weight order: stable per key, and only the keys of a leaving worker move."""
+    def weight(name: str) -> bytes:
+        return hashlib.blake2b(f"{prefix_key}\0{name}".encode(), digest_size=8).digest()
+    return sorted(set(workers), key=weight, reverse=True)
+
+
+def choose_queue(prefix_key: str, live_workers: list[str], *, loads: dict[str, float] | None = None,
+                 holders: list[str] | tuple[str, ...] = (), busy_threshold: float = 1) -> str:
+    """One unit on its own: the least loaded live holder of the prefix, else its rendezvous owner.
+
+    The shared queue when there is no group (empty key), no live worker, or the chosen worker has
+    more than busy_threshold queued while another live worker has nothing queued.
+    """
+    live = sorted(set(live_workers))
+    if not prefix_key or not live:
+        return SHARED_QUEUE
+    loads = loads or {}
+    holding = [w for w in live if w in holders]
+    owner = min(holding, key=lambda w: loads.get(w, 0)) if holding else rendezvous_order(prefix_key, live)[0]
+    idle_elsewhere = any(loads.get(w, 0) == 0 for w in live if w != owner)
+    if loads.get(owner, 0) > busy_threshold and idle_elsewhere:
+        return SHARED_QUEUE
+    return worker_queue(owner)
+
+
+def route_units(units: list[tuple[str, int]], workers: list[WorkerLoad], slack: float = 0.25) -> list[str]:
+    """Queues for a whole plan of (prefix_key, cost) units, in plan order.
+
+    Groups are placed largest first on the least loaded worker (a holder of the prefix when one
+    is below its fair share), and a group spills to the next least loaded worker once its owner
+    would exceed the fair share by more than `slack`. Units without a group go to the shared queue.
+    """
+    queues = [SHARED_QUEUE] * len(units)
+    if not workers:
+        return queues
+    load = {w.name: w.backlog for w in workers}
+    members: dict[str, list[int]] = {}
+    for i, (key, _) in enumerate(units):
+        if key:
+            members.setdefault(key, []).append(i)
+    limit = (sum(load.values()) + sum(units[i][1] for ids in members.values() for i in ids)) / len(workers)
+    limit *= 1 + slack
+    for key in sorted(members, key=lambda k: (-sum(units[i][1] for i in members[k]), k)):
+        owner = _pick_owner(key, workers, load, limit / (1 + slack))
+        for i in members[key]:
+            cost = units[i][1]
+            if load[owner] > 0 and load[owner] + cost > limit:
+                owner = min(rendezvous_order(key, list(load)), key=lambda w: load[w])
+            load[owner] += cost
+            queues[i] = worker_queue(owner)
+    return queues
+
+
+def _pick_owner(key: str, workers: list[WorkerLoad], load: dict[str, float], fair: float) -> str:
+    holders = [w.name for w in workers if key in w.holds and load[w.name] < fair]
+    candidates = holders or rendezvous_order(key, [w.name for w in workers])
+    return min(candidates, key=lambda w: load[w])  # min keeps the first (rendezvous) order on ties

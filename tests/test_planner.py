@@ -219,3 +219,13 @@ def test_plans_100k_requests_in_seconds():
     elapsed = time.perf_counter() - start
     assert sum(len(u.requests) for u in units) == 100_000
     assert elapsed < 30, f"planning 100k requests took {elapsed:.1f}s"
+
+
+def test_estimate_with_one_tokens_per_second_figure():
+    rng = random.Random(14)
+    shared = tokens(rng, 10 * BS)
+    pending = [PendingRequest("j", i, shared + tokens(rng, 8), 10) for i in range(5)]
+    est = estimate_plan(pending, PlannerConfig(block_size=BS, min_group_prefix_tokens=BS), tokens_per_s=100.0,
+                        workers=2)
+    assert est.expected_cached_tokens == 4 * 10 * BS and est.prefix_groups == 1
+    assert est.estimated_run_s == pytest.approx((5 * (10 * BS + 8) - 4 * 10 * BS + 50) / 100.0 / 2)

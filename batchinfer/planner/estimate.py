@@ -28,10 +28,11 @@ class PlanEstimate:
 
 
 def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = None, *,
-                  prefill_tokens_per_s: float | None = None, decode_tokens_per_s: float | None = None,
-                  workers: int = 1, units: int = 0) -> PlanEstimate:
-    """Counts plus a run time: uncached prompt tokens at the prefill rate and max_tokens at the
-    decode rate (an upper bound, requests may stop early), shared by `workers` equal workers."""
+                  tokens_per_s: float | None = None, prefill_tokens_per_s: float | None = None,
+                  decode_tokens_per_s: float | None = None, workers: int = 1, units: int = 0) -> PlanEstimate:
+    """Counts plus a run time on `workers` equal workers, each running tokens_per_s over uncached
+    prompt tokens plus max_tokens (an upper bound: requests may stop early), or, when given, the
+    prefill rate over uncached prompt tokens plus the decode rate over max_tokens."""
     config = config or PlannerConfig()
     with gc_paused():
         tree = PrefixTree(pending, config.block_size)
@@ -40,9 +41,10 @@ def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = 
     cached = min(tree.expected_cached_tokens(), max(prompt - len(pending), 0))
     est = PlanEstimate(
         requests=len(pending), prompt_tokens=prompt, max_new_tokens=sum(r.max_tokens for r in pending),
-        prefix_groups=groups, expected_cached_tokens=cached,
-        units=units, workers=workers)
-    if prefill_tokens_per_s and decode_tokens_per_s and workers > 0:
+        prefix_groups=groups, expected_cached_tokens=cached, units=units, workers=workers)
+    if workers > 0 and prefill_tokens_per_s and decode_tokens_per_s:
         seconds = (prompt - cached) / prefill_tokens_per_s + est.max_new_tokens / decode_tokens_per_s
         est.estimated_run_s = seconds / workers
+    elif workers > 0 and tokens_per_s:
+        est.estimated_run_s = (prompt - cached + est.max_new_tokens) / tokens_per_s / workers
     return est

@@ -1,0 +1,119 @@
+"""Which workers are alive, what they hold and how much is queued for them, in Redis.
+
+Each worker beats a short-lived key with its state (busy or not, the unit it runs, the prefix keys
+it ran lately, its measured throughput) and keeps its last state in a hash that outlives it, so a
+worker that stops beating is known to be dead and what it was running can be rerun. Queue lengths
+are read from the broker's own Redis lists (kombu's Redis transport keeps one list per queue).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+from batchinfer.routing import SHARED_QUEUE, WorkerLoad, worker_queue
+
+MAX_PREFIX_KEYS = 32
+
+
+@dataclass
+class WorkerState:
+    name: str
+    busy: bool = False
+    unit_id: str | None = None  # the unit it runs now
+    prefix_keys: list[str] = field(default_factory=list)  # most recent first
+    units_done: int = 0
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    beat_at: float = 0.0
+
+    @property
+    def queue(self) -> str:
+        return worker_queue(self.name)
+
+    def ran(self, prefix_key: str) -> None:
+        if prefix_key:
+            self.prefix_keys = [prefix_key, *(k for k in self.prefix_keys if k != prefix_key)][:MAX_PREFIX_KEYS]
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorkerState:
+        return cls(**json.loads(raw))
+
+
+class WorkerRegistry:
+    def __init__(self, conn: redis.Redis, key_prefix: str = "", ttl_s: float = 30.0):
+        self.conn = conn
+        self.key_prefix = key_prefix  # the broker's global_keyprefix: tests namespace everything with it
+        self.ttl_s = ttl_s
+        self._known = f"{key_prefix}batchinfer:workers-known"
+
+    def _live_key(self, name: str) -> str:
+        return f"{self.key_prefix}batchinfer:worker:{name}"
+
+    def _list_key(self, queue: str) -> str:
+        return f"{self.key_prefix}{queue}"
+
+    def beat(self, state: WorkerState) -> None:
+        state.beat_at = time.time()
+        raw = json.dumps(asdict(state))
+        pipe = self.conn.pipeline()
+        pipe.set(self._live_key(state.name), raw, px=int(self.ttl_s * 1000))
+        pipe.hset(self._known, state.name, raw)
+        pipe.execute()
+
+    def leave(self, name: str) -> None:
+        """A clean shutdown: nothing of it needs reaping."""
+        self.conn.delete(self._live_key(name))
+        self.conn.hdel(self._known, name)
+
+    def _states(self) -> tuple[list[WorkerState], list[WorkerState]]:
+        known = {k.decode(): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}
+        names = sorted(known)
+        raws = self.conn.mget([self._live_key(n) for n in names]) if names else []
+        live = [WorkerState.from_json(raw) for raw in raws if raw is not None]
+        dead = [known[n] for n, raw in zip(names, raws) if raw is None]
+        return live, dead
+
+    def live(self) -> list[WorkerState]:
+        return self._states()[0]
+
+    def dead(self) -> list[WorkerState]:
+        return self._states()[1]
+
+    def queue_depth(self, queue: str) -> int:
+        return int(self.conn.llen(self._list_key(queue)))
+
+    def loads(self, unit_cost: float = 1.0) -> list[WorkerLoad]:
+        """Live workers as the router sees them: queued units (and the one running) times unit_cost."""
+        loads = []
+        for w in self.live():
+            queued = self.queue_depth(w.queue) + (0.5 if w.busy else 0.0)
+            loads.append(WorkerLoad(w.name, queued * unit_cost, w.busy, frozenset(w.prefix_keys)))
+        return loads
+
+    def steal_one(self, thief: str) -> str | None:
+        """Move the newest unit of the deepest busy worker's queue to the shared queue, where the
+        idle thief picks it up; the victim keeps its order. Returns the victim's name."""
+        victims = [(self.queue_depth(w.queue), w.name) for w in self.live() if w.name != thief and w.busy]
+        victims = [v for v in victims if v[0] > 0]
+        if not victims:
+            return None
+        _, victim = max(victims)
+        moved = self.conn.lmove(self._list_key(worker_queue(victim)), self._list_key(SHARED_QUEUE), "LEFT", "RIGHT")
+        return victim if moved is not None else None
+
+    def drain(self, queue: str, into: str = SHARED_QUEUE) -> int:
+        """Move every message of queue into another, oldest first (each move is atomic)."""
+        moved = 0
+        while self.conn.lmove(self._list_key(queue), self._list_key(into), "RIGHT", "LEFT") is not None:
+            moved += 1
+        return moved
+
+    def claim(self, name: str, hold_s: float = 60.0) -> bool:
+        """One reaper per dead worker: the first to claim it does the work."""
+        return bool(self.conn.set(f"{self.key_prefix}batchinfer:reaping:{name}", "1", nx=True, px=int(hold_s * 1000)))
+
+    def forget(self, name: str) -> None:
+        self.conn.hdel(self._known, name)

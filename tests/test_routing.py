@@ -1,0 +1,218 @@
+"""Routing of units to worker queues, and the worker registry, agent and reaper on a real Redis."""
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import pytest
+import redis
+
+from batchinfer.reaper import reap_dead_workers, running_units_of
+from batchinfer.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
+                                worker_queue)
+from batchinfer.worker_agent import WorkerAgent
+from batchinfer.worker_registry import WorkerRegistry, WorkerState
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def owner_of(queue: str) -> str:
+    return queue.rsplit(".", 1)[1]
+
+
+def test_units_without_a_group_or_without_live_workers_go_to_the_shared_queue():
+    assert choose_queue("", ["w1", "w2"]) == SHARED_QUEUE
+    assert choose_queue("abc", []) == SHARED_QUEUE
+    assert route_units([("", 10), ("k", 10)], []) == [SHARED_QUEUE, SHARED_QUEUE]
+    assert route_units([("", 10)], [WorkerLoad("w1")]) == [SHARED_QUEUE]
+
+
+def test_a_prefix_key_always_picks_the_same_live_worker():
+    workers = [f"w{i}" for i in range(5)]
+    for key in (f"key{i}" for i in range(50)):
+        first = choose_queue(key, workers)
+        assert first == choose_queue(key, list(reversed(workers)))
+        assert first in {worker_queue(w) for w in workers}
+
+
+def test_a_leaving_worker_moves_only_its_own_keys():
+    workers = [f"w{i}" for i in range(4)]
+    keys = [f"key{i}" for i in range(400)]
+    before = {k: choose_queue(k, workers) for k in keys}
+    after = {k: choose_queue(k, workers[:-1]) for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved and all(before[k] == worker_queue("w3") for k in moved)
+    assert 60 < len(moved) < 140  # about a quarter of the keys lived on w3
+
+
+def test_the_holder_of_a_prefix_wins_unless_it_is_swamped_while_another_idles():
+    key = "k1"
+    not_owner = [w for w in ("w1", "w2") if worker_queue(w) != choose_queue(key, ["w1", "w2"])][0]
+    assert choose_queue(key, ["w1", "w2"], holders=[not_owner]) == worker_queue(not_owner)
+    other = "w1" if not_owner == "w2" else "w2"
+    assert choose_queue(key, ["w1", "w2"], holders=[not_owner], loads={not_owner: 5, other: 0}) == SHARED_QUEUE
+    assert choose_queue(key, ["w1", "w2"], holders=[not_owner], loads={not_owner: 5, other: 3}) == worker_queue(not_owner)
+
+
+def test_equal_groups_are_balanced_and_never_split():
+    units = [(k, 100) for k in "abcd" for _ in range(6)]
+    queues = route_units(units, [WorkerLoad("w1"), WorkerLoad("w2")])
+    per_group = {}
+    for (key, _), q in zip(units, queues):
+        per_group.setdefault(key, set()).add(q)
+    assert all(len(qs) == 1 for qs in per_group.values())
+    owners = [qs.pop() for qs in per_group.values()]
+    assert sorted(owners.count(worker_queue(w)) for w in ("w1", "w2")) == [2, 2]
+
+
+def test_one_huge_group_spills_so_no_worker_idles():
+    queues = route_units([("big", 100)] * 20, [WorkerLoad("w1"), WorkerLoad("w2"), WorkerLoad("w3")])
+    counts = sorted(queues.count(worker_queue(w)) for w in ("w1", "w2", "w3"))
+    assert counts[0] >= 4 and sum(counts) == 20
+
+
+def test_groups_go_to_their_holder_and_around_a_backlog():
+    units = [("a", 100)] * 3 + [("b", 100)] * 3
+    queues = route_units(units, [WorkerLoad("w1", holds=frozenset({"b"})), WorkerLoad("w2", holds=frozenset({"a"}))])
+    assert set(queues[:3]) == {worker_queue("w2")} and set(queues[3:]) == {worker_queue("w1")}
+    queues = route_units(units, [WorkerLoad("w1", backlog=1000), WorkerLoad("w2")])
+    assert queues.count(worker_queue("w2")) == 6  # w1 has more than this whole plan queued already
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_plans_stay_within_the_fair_share_and_keep_small_groups_whole(seed):
+    rng = random.Random(seed)
+    workers = [WorkerLoad(f"w{i}", backlog=rng.choice([0, 0, 300])) for i in range(rng.randint(1, 5))]
+    units = [(f"g{rng.randrange(12)}" if rng.random() < 0.9 else "", rng.randint(50, 150)) for _ in range(rng.randint(1, 80))]
+    slack = 0.25
+    queues = route_units(units, workers, slack)
+    load = {w.name: w.backlog for w in workers}
+    for (key, cost), q in zip(units, queues):
+        assert (q == SHARED_QUEUE) == (key == "")
+        if key:
+            load[owner_of(q)] += cost
+    fair = sum(load.values()) / len(workers)
+    assert max(load.values()) <= max(fair * (1 + slack) + 150, max(w.backlog for w in workers) + 150)
+    total = {k: sum(c for kk, c in units if kk == k) for k, _ in units if k}
+    for key, cost in total.items():
+        holders = {q for (k, _), q in zip(units, queues) if k == key}
+        if cost <= fair * slack:  # a group that fits in the slack is never split
+            assert len(holders) == 1, (key, holders)
+
+
+def test_rendezvous_order_is_a_permutation():
+    assert sorted(rendezvous_order("x", ["a", "b", "c", "b"])) == ["a", "b", "c"]
+
+
+# ---- registry, agent and reaper against a real Redis ----
+
+@pytest.fixture
+def registry():
+    conn = redis.Redis.from_url(REDIS_URL)
+    try:
+        conn.ping()
+    except redis.ConnectionError:
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"test-{uuid.uuid4().hex[:8]}:"
+    yield WorkerRegistry(conn, key_prefix=prefix, ttl_s=0.5)
+    for k in conn.scan_iter(match=prefix + "*"):
+        conn.delete(k)
+
+
+def push(registry: WorkerRegistry, queue: str, *messages: str) -> None:
+    for m in messages:  # as kombu's Redis transport publishes: LPUSH, consumed by BRPOP
+        registry.conn.lpush(registry.key_prefix + queue, m)
+
+
+def contents(registry: WorkerRegistry, queue: str) -> list[str]:
+    return [m.decode() for m in registry.conn.lrange(registry.key_prefix + queue, 0, -1)]
+
+
+def test_a_worker_that_stops_beating_is_dead_and_a_leaving_one_is_not(registry):
+    registry.beat(WorkerState("w1"))
+    registry.beat(WorkerState("w2", busy=True, unit_id="u7"))
+    registry.beat(WorkerState("w3"))
+    assert [w.name for w in registry.live()] == ["w1", "w2", "w3"]
+    registry.leave("w3")
+    time.sleep(0.7)
+    registry.beat(WorkerState("w1"))
+    assert [w.name for w in registry.live()] == ["w1"]
+    dead = registry.dead()
+    assert [(w.name, w.unit_id) for w in dead] == [("w2", "u7")]
+
+
+def test_loads_count_queued_units_and_held_prefixes(registry):
+    state = WorkerState("w1", busy=True)
+    state.ran("k1")
+    state.ran("k2")
+    state.ran("k1")
+    assert state.prefix_keys == ["k1", "k2"]
+    registry.beat(state)
+    registry.beat(WorkerState("w2"))
+    push(registry, worker_queue("w1"), "m1", "m2")
+    loads = {w.name: w for w in registry.loads(unit_cost=10)}
+    assert loads["w1"].backlog == 25 and loads["w1"].holds == {"k1", "k2"} and loads["w2"].backlog == 0
+
+
+def test_an_idle_worker_steals_the_newest_unit_of_a_busy_peer(registry):
+    registry.beat(WorkerState("w1", busy=True))
+    registry.beat(WorkerState("w2"))
+    push(registry, worker_queue("w1"), "oldest", "middle", "newest")
+    assert registry.steal_one("w2") == "w1"
+    assert contents(registry, worker_queue("w1")) == ["middle", "oldest"]  # its own order is kept
+    assert contents(registry, SHARED_QUEUE) == ["newest"]
+    registry.beat(WorkerState("w1", busy=False))
+    assert registry.steal_one("w2") is None  # an idle owner will run its own queue
+
+
+def test_agent_beats_its_state_and_steals_only_when_idle(registry):
+    registry.beat(WorkerState("busy", busy=True))
+    push(registry, worker_queue("busy"), "u1", "u2")
+    agent = WorkerAgent(registry, "thief", beat_s=60)
+    agent.start()
+    try:
+        agent.unit_started("u9")
+        assert {w.name: w.unit_id for w in registry.live()}["thief"] == "u9"
+        agent.tick()
+        assert contents(registry, SHARED_QUEUE) == []  # busy: no stealing
+        agent.unit_finished("pk", work_tokens=1000, seconds=2.0)
+        me = {w.name: w for w in registry.live()}["thief"]
+        assert not me.busy and me.prefix_keys == ["pk"] and me.prefill_tokens_per_s == 500
+        agent.tick()
+        assert contents(registry, SHARED_QUEUE) == ["u2"]
+    finally:
+        agent.stop()
+    assert "thief" not in {w.name for w in registry.live() + registry.dead()}
+
+
+def test_reaper_moves_a_dead_workers_queue_and_reruns_its_units_once(registry):
+    registry.beat(WorkerState("dead", busy=True, unit_id="u-running"))
+    push(registry, worker_queue("dead"), "q1", "q2")
+    push(registry, SHARED_QUEUE, "s1")
+    time.sleep(0.7)
+    registry.beat(WorkerState("alive"))
+    requeued = []
+    reaped = reap_dead_workers(registry, lambda name: ["u-db"] if name == "dead" else [], requeued.append)
+    assert reaped == {"dead": 2} and sorted(requeued) == ["u-db", "u-running"]
+    assert contents(registry, worker_queue("dead")) == []
+    assert sorted(contents(registry, SHARED_QUEUE)) == ["q1", "q2", "s1"]
+    push(registry, worker_queue("dead"), "restored-late")  # Redis restores its unacked unit here later
+    assert reap_dead_workers(registry, lambda name: ["u-db"], requeued.append) == {}
+    assert len(requeued) == 2  # not rerun twice
+    assert "restored-late" in contents(registry, SHARED_QUEUE)
+
+
+def test_running_units_of_reads_the_units_a_worker_started(tmp_path):
+    from batchinfer.context import AppContext
+    from batchinfer.db.models import UnitStatus, WorkUnit
+    from batchinfer.settings import Settings
+
+    ctx = AppContext.create(Settings(data_dir=tmp_path, broker_url=None))
+    with ctx.sessions() as session:
+        for uid, status, worker in [("u1", UnitStatus.RUNNING, "w1"), ("u2", UnitStatus.DONE, "w1"),
+                                    ("u3", UnitStatus.RUNNING, "w2"), ("u4", UnitStatus.QUEUED, None)]:
+            session.add(WorkUnit(id=uid, status=status, queue=SHARED_QUEUE, prefix_key="", num_requests=1,
+                                 input_key="x", worker=worker, created_at=0.0))
+        session.commit()
+    assert running_units_of(ctx.sessions, "w1") == ["u1"]
