@@ -229,3 +229,15 @@ def test_estimate_with_one_tokens_per_second_figure():
                         workers=2)
     assert est.expected_cached_tokens == 4 * 10 * BS and est.prefix_groups == 1
     assert est.estimated_run_s == pytest.approx((5 * (10 * BS + 8) - 4 * 10 * BS + 50) / 100.0 / 2)
+
+
+def test_groups_of_a_quarter_unit_or_more_get_units_of_their_own_evenly_sized():
+    rng = random.Random(15)
+    systems = [tokens(rng, 20 * BS) for _ in range(4)]
+    pending = [PendingRequest(f"job{j}", i, systems[(i + j) % 4] + tokens(rng, 12), 4, 0, float(j))
+               for j in range(4) for i in range(24)]  # 24 requests per system prompt
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=64, block_size=BS))
+    assert len(units) == 4 and {len(u.requests) for u in units} == {24}
+    assert len({u.prefix_key for u in units}) == 4
+    units = plan_units(pending, PlannerConfig(max_requests_per_unit=16, block_size=BS))
+    assert sorted(len(u.requests) for u in units) == [12] * 8  # 24 = 12 + 12, not 16 + 8

@@ -53,9 +53,10 @@ class Grouping:
 
 
 class UnitPacker:
-    """Depth-first packing: a subtree goes whole into a unit when it fits; a group that fits one unit
-    is never split; a group too big for one unit gets units of its own; other subtrees are split
-    rather than closing a unit below min_unit_fill."""
+    """Depth-first packing. A group holding at least group_own_unit_fill of a unit gets units of
+    its own (evenly sized when it needs several), so units are the grain routing spreads over
+    workers; smaller groups share units but are never split; other subtrees are split rather than
+    closing a unit below min_unit_fill."""
 
     def __init__(self, grouping: Grouping, config: PlannerConfig):
         self.grouping = grouping
@@ -73,23 +74,48 @@ class UnitPacker:
     def _pack(self, node: Node) -> None:
         while len(node.children) == 1 and not node.ends and id(node) not in self.grouping.group_at:
             node = next(iter(node.children.values()))
+        is_group = id(node) in self.grouping.group_at
+        if is_group and self._fill_of(node.count, node.cost) >= self.config.group_own_unit_fill:
+            self._pack_own_units(node)
+            return
         if self._fits(node.count, node.cost):
             self._add_all(node)
             return
-        keep_together = id(node) in self.grouping.group_at or self._fill() >= self.config.min_unit_fill
-        if self._fits_empty(node.count, node.cost) and keep_together:
+        if self._fits_empty(node.count, node.cost) and (is_group or self._fill() >= self.config.min_unit_fill):
             self._flush()
             self._add_all(node)
             return
-        own_units = id(node) in self.grouping.group_at and not self._fits_empty(node.count, node.cost)
-        if own_units:
-            self._flush()
+        self._pack_children(node)
+
+    def _pack_children(self, node: Node) -> None:
         for position in node.ends:
             self._add(position)
         for child in node.ordered:
             self._pack(child)
-        if own_units:
-            self._flush()
+
+    def _pack_own_units(self, node: Node) -> None:
+        self._flush()
+        first = len(self.units)
+        if self._fits_empty(node.count, node.cost):
+            self._add_all(node)
+        else:
+            self._pack_children(node)
+        self._flush()
+        if len(self.units) - first >= 2:
+            self._even_last_two()
+
+    def _even_last_two(self) -> None:
+        """A group's last unit is often a small remainder: share the last two units' requests evenly."""
+        cost = self.tree.requests
+        joined = self.units[-2] + self.units[-1]
+        total, acc, cut = sum(cost[p].cost for p in joined), 0, 0
+        while cut < len(joined) - 1 and (acc + cost[joined[cut]].cost) * 2 <= total:
+            acc += cost[joined[cut]].cost
+            cut += 1
+        cut = max(cut, 1)
+        halves = joined[:cut], joined[cut:]
+        if all(self._fits_empty(len(h), sum(cost[p].cost for p in h)) for h in halves):
+            self.units[-2:] = [list(halves[0]), list(halves[1])]
 
     def _add_all(self, node: Node) -> None:
         for position in self.tree.leaves_in_order(node):
@@ -110,9 +136,12 @@ class UnitPacker:
     def _fits_empty(self, count: int, cost: int) -> bool:
         return count <= self.config.max_requests_per_unit and cost <= self.config.max_tokens_per_unit
 
-    def _fill(self) -> float:
+    def _fill_of(self, count: int, cost: int) -> float:
         cfg = self.config
-        return max(len(self._current) / cfg.max_requests_per_unit, self._cost / cfg.max_tokens_per_unit)
+        return max(count / cfg.max_requests_per_unit, cost / cfg.max_tokens_per_unit)
+
+    def _fill(self) -> float:
+        return self._fill_of(len(self._current), self._cost)
 
     def _flush(self) -> None:
         if self._current:

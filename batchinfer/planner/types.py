@@ -48,6 +48,7 @@ class PlannerConfig:
     min_group_prefix_tokens: int = 64  # a prefix group must add at least this many shared tokens
     min_group_requests: int = 2
     min_unit_fill: float = 0.5  # below this fill a unit takes part of a subtree rather than closing early
+    group_own_unit_fill: float = 0.25  # a group this big (fraction of a unit) never shares a unit
     priority_aging_s: float = 0.0  # > 0: a job gains one priority level per this many seconds queued
     now: float | None = None  # reference time for aging (None: time.time())
     extra: dict = field(default_factory=dict)
@@ -58,7 +59,8 @@ class PlannerConfig:
                 raise ValueError(f"PlannerConfig.{name} must be >= 1")
         if self.min_group_prefix_tokens < 0:
             raise ValueError("PlannerConfig.min_group_prefix_tokens must be >= 0")
-        if not 0 <= self.min_unit_fill <= 1:
-            raise ValueError("PlannerConfig.min_unit_fill must be in [0, 1]")
+        for name in ("min_unit_fill", "group_own_unit_fill"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"PlannerConfig.{name} must be in [0, 1]")
         if self.priority_aging_s < 0:
             raise ValueError("PlannerConfig.priority_aging_s must be >= 0")
