@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 
 from sqlalchemy import create_engine, event
@@ -12,14 +11,29 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
-@lru_cache(maxsize=8)
+_engines: dict[str, Engine] = {}
+
+
 def get_engine(url: str) -> Engine:
+    """One engine (connection pool) per URL per process."""
+    if url not in _engines:
+        _engines[url] = _create_engine(url)
+    return _engines[url]
+
+
+def _create_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         Path(url.split("///", 1)[1]).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def dispose(url: str) -> None:
+    engine = _engines.pop(url, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -1,0 +1,43 @@
+from sqlalchemy import create_engine, inspect
+
+from batchinfer.db.models import Base, Job
+from batchinfer.db.session import session_factory, transaction, upgrade
+
+
+def _tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_migrations_make_the_schema_on_postgres(postgres_url):
+    assert _tables(postgres_url) == set()
+    upgrade(postgres_url)
+    assert _tables(postgres_url) == {"alembic_version", *Base.metadata.tables}
+
+
+def test_migrations_match_the_models(postgres_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    upgrade(postgres_url)
+    engine = create_engine(postgres_url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
+    url = f"sqlite:///{tmp_path}/sub/db.sqlite"
+    upgrade(url)
+    upgrade(url)
+    factory = session_factory(url)
+    with transaction(factory) as session:
+        session.add(Job(id="batch_x", status="queued", model="m", completion_window_s=1.0, created_at=1.0,
+                        expires_at=2.0))
+    with factory() as session:
+        job = session.get(Job, "batch_x")
+    assert job.metadata_ == {} and job.completed == 0 and job.errors == []
