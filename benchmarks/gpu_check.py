@@ -202,8 +202,8 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
                total_tokens_per_s=(prompt_tokens + output_tokens) / elapsed,
                cached_prompt_tokens=sum(r.cached_tokens for r in results),
                first_outputs=[r.output_token_ids[:16] for r in results[:8]])
-    print(f"  engine[{backend}] {len(prompts)} requests: {elapsed:.1f} s, {row['output_tokens_per_s']:.0f} output tok/s,"
-          f" {row['total_tokens_per_s']:.0f} total tok/s")
+    print(f"  engine[{backend}] {len(prompts)} requests: {elapsed:.1f} s, "
+          f"{row['output_tokens_per_s']:.0f} output tok/s, {row['total_tokens_per_s']:.0f} total tok/s")
     del engine
     torch.cuda.empty_cache()
     return row

@@ -17,7 +17,7 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -50,13 +50,13 @@ def _decode_split_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -121,11 +121,13 @@ def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: i
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=dim,
         BLOCK_D=block_d, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 in, fp32-exact dots
     )
     _decode_reduce_kernel[(batch, kv_heads)](
         part_out, part_lse, out, num_splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_H=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_splits),
+        GROUP=group, BLOCK_H=max(2, triton.next_power_of_2(group)), HEAD_DIM=dim, BLOCK_D=block_d,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
     )
     return out

@@ -11,18 +11,18 @@ import triton.language as tl
 
 
 @triton.jit
-def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, UPCAST: tl.constexpr):
+def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step of q [M, D] over a tile k, v [N, D]; mask [M, N] marks visible keys."""
     if UPCAST:  # the interpreter gets bf16 dot products wrong; fp32 is exact there
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k)) * scale_log2
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
     qk = tl.where(mask, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     p = tl.math.exp2(qk - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
@@ -33,7 +33,7 @@ def _extend_attention_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // GROUP
@@ -67,7 +67,7 @@ def _extend_attention_kernel(
         tile_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
         v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
-        acc, m_i, l_i = _attend(q, k, v, mask_n[None, :], acc, m_i, l_i, scale_log2, UPCAST)
+        acc, m_i, l_i = _attend(q, k, v, mask_n[None, :], acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
 
     # Part 2: the new tokens, causally (new token i sits at position prefix_len + i).
     for start in range(0, tl.minimum(q_len, (m_block + 1) * BLOCK_M), BLOCK_N):
@@ -80,7 +80,7 @@ def _extend_attention_kernel(
         v = tl.load(v_ptr + tokens_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                     mask=tile_mask, other=0.0)
         visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
-        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, UPCAST)
+        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(o_ptr + tokens_m[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -104,5 +104,6 @@ def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
         BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 in, fp32-exact dots
     )
     return out
