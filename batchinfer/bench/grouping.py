@@ -1,0 +1,321 @@
+"""Cross-job prefix grouping, measured on the real system: jobs mixing the same long system prompts,
+run by real worker processes (Celery, Redis, SQL, storage), with grouping on and off side by side.
+
+Each mode gets fresh workers, a fresh database and fresh files, then the same jobs are submitted at
+once and dispatched together. Reported per mode: wall time, throughput, cached prompt tokens
+against the optimum (every distinct prefix block computed once, the planner's estimate), and on
+how many workers each prefix group ran.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MODES = ("grouping", "fcfs")
+KV_BYTES_PER_TOKEN_FP32 = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: layers x (k, v) x kv heads x head_dim x 4 B
+
+_SUBJECTS = ["the warehouse", "the night shift", "the billing system", "the supplier contract", "the safety audit",
+             "the support queue", "the data migration", "the quarterly budget", "the hiring plan", "the field team"]
+_VERBS = ["must review", "should report on", "may escalate", "has to document", "is responsible for",
+          "will coordinate", "needs to verify", "can postpone", "must never ignore", "should summarise"]
+_OBJECTS = ["every delayed order", "all open incidents", "each invoice above the limit", "any customer complaint",
+            "the weekly metrics", "overtime requests", "the inventory count", "access badge changes",
+            "vendor payments", "the on-call rota"]
+_RULES = ["within two working days", "before the Friday review", "with a written reason", "in the shared tracker",
+          "after checking with legal", "unless the manager objects", "using the standard template",
+          "and copy the regional lead", "in plain language", "with the ticket number"]
+_QUESTIONS = ["Who handles a late shipment?", "What is the deadline for invoices?", "Can I skip the review?",
+              "Where do I log incidents?", "Who approves overtime?", "What template should I use?",
+              "When is the Friday review?", "Do I copy the regional lead?", "Is legal always involved?",
+              "How fast must complaints be answered?"]
+
+
+@dataclass
+class GroupingBenchOptions:
+    jobs: int = 4
+    requests_per_job: int = 16
+    system_prompts: int = 4
+    system_prompt_sentences: int = 40  # about 14 tokens each
+    max_tokens: int = 4
+    workers: int = 2
+    max_requests_per_unit: int = 8
+    kv_cache_tokens: int | None = 2048  # per worker; None: the engine's default budget
+    threads_per_worker: int = 1
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    database_url: str | None = None  # None: SQLite in the run directory
+    model_cache: str | None = None
+    seed: int = 0
+    modes: tuple[str, ...] = MODES
+    out: str = "bench-results"
+    timeout_s: float = 1800.0
+
+    def __post_init__(self):
+        for name in ("jobs", "requests_per_job", "system_prompts", "system_prompt_sentences", "max_tokens",
+                     "workers", "max_requests_per_unit", "threads_per_worker"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GroupingBenchOptions.{name} must be >= 1")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"GroupingBenchOptions.modes: unknown {bad}, choose from {MODES}")
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    wall_s: float
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    optimum_cached_tokens: int
+    units: int
+    workers_per_group: dict[str, int] = field(default_factory=dict)
+    units_per_worker: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cached_vs_optimum(self) -> float:
+        return self.cached_tokens / self.optimum_cached_tokens if self.optimum_cached_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return (self.prompt_tokens + self.completion_tokens) / self.wall_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.wall_s
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cached_vs_optimum": round(self.cached_vs_optimum, 4),
+                "tokens_per_s": round(self.tokens_per_s, 1), "requests_per_s": round(self.requests_per_s, 3)}
+
+
+def make_jobs(options: GroupingBenchOptions) -> tuple[list[str], list[str]]:
+    """System prompts and one JSONL text per job; every job mixes all system prompts in random order."""
+    rng = random.Random(options.seed)
+    systems = []
+    for s in range(options.system_prompts):
+        sentences = [f"{rng.choice(_SUBJECTS).capitalize()} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} "
+                     f"{rng.choice(_RULES)}." for _ in range(options.system_prompt_sentences)]
+        systems.append(f"You are the operations handbook assistant number {s} of the company. Rules:\n"
+                       + "\n".join(f"{i + 1}. {text}" for i, text in enumerate(sentences)))
+    jobs = []
+    for j in range(options.jobs):
+        lines = []
+        for i in range(options.requests_per_job):
+            system = rng.choice(systems)
+            question = f"{rng.choice(_QUESTIONS)} (job {j}, request {i}, ref {rng.randint(1000, 9999)})"
+            lines.append(json.dumps({"custom_id": f"job{j}-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                     "body": {"model": "smollm2-135m-instruct", "max_tokens": options.max_tokens,
+                                              "temperature": 0, "messages": [{"role": "system", "content": system},
+                                                                             {"role": "user", "content": question}]}}))
+        jobs.append("\n".join(lines) + "\n")
+    return systems, jobs
+
+
+def run_grouping_bench(options: GroupingBenchOptions, progress=print) -> dict:
+    from batchinfer.settings import get_settings
+
+    options.model_cache = options.model_cache or str(get_settings().model_cache)
+    run_dir = Path(options.out) / f"grouping-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _, jobs = make_jobs(options)
+    results = [_run_mode(options, mode, run_dir, jobs, progress) for mode in options.modes]
+    report = {"benchmark": "cross-job prefix grouping", "options": asdict(options),
+              "modes": {r.mode: r.to_dict() for r in results}}
+    if {"grouping", "fcfs"} <= {r.mode for r in results}:
+        on, off = (next(r for r in results if r.mode == m) for m in ("grouping", "fcfs"))
+        report["throughput_gain"] = round(on.tokens_per_s / off.tokens_per_s, 3)
+    path = Path(options.out) / "grouping.json"
+    path.write_text(json.dumps(report, indent=2))
+    report["json_path"] = str(path)
+    return report
+
+
+def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: list[str], progress) -> ModeResult:
+    from batchinfer.context import AppContext
+    from batchinfer.settings import Settings
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}:"
+    data_dir = run_dir / mode
+    values = {"data_dir": data_dir, "broker_url": options.redis_url, "broker_prefix": prefix,
+              "model_cache": options.model_cache, "max_requests_per_unit": options.max_requests_per_unit,
+              "prefix_grouping": mode == "grouping"}
+    if options.database_url:
+        values["database_url"] = options.database_url
+    if options.kv_cache_tokens:
+        values["kv_cache_bytes"] = options.kv_cache_tokens * KV_BYTES_PER_TOKEN_FP32
+    settings = Settings(**values)
+    ctx = AppContext.create(settings, migrate=True)
+    names = [f"{mode}-w{i}" for i in range(options.workers)]
+    procs = [_start_worker(settings, name, options.threads_per_worker, data_dir) for name in names]
+    try:
+        progress(f"[{mode}] starting {len(names)} workers")
+        _wait_live(settings, names, procs, timeout=600)
+        progress(f"[{mode}] workers ready; submitting {len(jobs)} jobs")
+        started = time.time()
+        job_ids = _submit_and_dispatch(ctx, jobs)
+        _wait_done(ctx, job_ids, started + options.timeout_s, progress, mode)
+        wall = time.time() - started
+    finally:
+        for proc in procs:
+            _stop(proc)
+    return _collect(ctx, mode, job_ids, wall, options)
+
+
+def _start_worker(settings, name: str, threads: int, data_dir: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "BATCHINFER_DATA_DIR": str(settings.data_dir), "BATCHINFER_BROKER_URL": settings.broker_url,
+           "BATCHINFER_BROKER_PREFIX": settings.broker_prefix, "BATCHINFER_MODEL_CACHE": str(settings.model_cache),
+           "BATCHINFER_MAX_REQUESTS_PER_UNIT": str(settings.max_requests_per_unit),
+           "BATCHINFER_PREFIX_GROUPING": "true" if settings.prefix_grouping else "false",
+           "BATCHINFER_WORKER_BEAT_S": "1"}
+    if settings.database_url:
+        env["BATCHINFER_DATABASE_URL"] = settings.database_url
+    if settings.kv_cache_bytes:
+        env["BATCHINFER_KV_CACHE_BYTES"] = str(settings.kv_cache_bytes)
+    log = open(data_dir / f"{name}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "worker", "--name", name, "--loglevel", "WARNING"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _registry(settings):
+    import redis
+
+    from batchinfer.worker_registry import WorkerRegistry
+
+    return WorkerRegistry(redis.Redis.from_url(settings.broker_url), key_prefix=settings.broker_prefix)
+
+
+def _wait_live(settings, names: list[str], procs, timeout: float) -> None:
+    registry, deadline = _registry(settings), time.time() + timeout
+    while time.time() < deadline:
+        if set(names) <= {w.name for w in registry.live()}:
+            return
+        dead = [p.args for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"worker exited during start: {dead}")
+        time.sleep(0.5)
+    raise TimeoutError(f"workers {names} not live after {timeout}s")
+
+
+def _submit_and_dispatch(ctx, jobs: list[str]) -> list[str]:
+    """All jobs submitted at once, then one dispatch plans them together (as the dispatch task does)."""
+    from batchinfer import service
+    from workers.celery_app import make_app
+    from workers.tasks import RUN_UNIT_TASK, dispatch_units
+
+    job_ids = [service.submit(ctx, io.BytesIO(text.encode()), f"job{j}.jsonl").id for j, text in enumerate(jobs)]
+    app = make_app(ctx.settings)
+    for unit in dispatch_units(ctx):
+        app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue)
+    return job_ids
+
+
+def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) -> None:
+    from batchinfer import service
+    from batchinfer.db.models import JobStatus
+
+    last = None
+    while time.time() < deadline:
+        jobs = [service.get(ctx, j) for j in job_ids]
+        done = sum(j.completed + j.failed for j in jobs)
+        if done != last:
+            progress(f"[{mode}] {done}/{sum(j.total for j in jobs)} requests done")
+            last = done
+        if all(j.status in JobStatus.TERMINAL for j in jobs):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"[{mode}] jobs not finished in time")
+
+
+def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingBenchOptions) -> ModeResult:
+    from sqlalchemy import select
+
+    from batchinfer import keys, service
+    from batchinfer.db.models import WorkUnit
+    from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan
+    from batchinfer.validation import PreparedRequest
+
+    jobs = [service.get(ctx, j) for j in job_ids]
+    pending = []
+    for job in jobs:
+        with ctx.storage.open_read(keys.job_prepared(job.id)) as stream:
+            for raw in stream:
+                req = PreparedRequest.from_json(raw)
+                pending.append(PendingRequest(job.id, req.index, tuple(req.prompt_token_ids), req.sampling["max_tokens"]))
+    optimum = estimate_plan(pending, PlannerConfig()).expected_cached_tokens
+    with ctx.sessions() as session:
+        units = list(session.scalars(select(WorkUnit)))
+    groups, per_worker = defaultdict(set), defaultdict(int)
+    for unit in units:
+        per_worker[unit.worker or "?"] += 1
+        groups[unit.prefix_key or "(no group)"].add(unit.worker)
+    return ModeResult(mode, round(wall, 2), sum(j.completed for j in jobs), sum(j.prompt_tokens for j in jobs),
+                      sum(j.completion_tokens for j in jobs), sum(j.cached_tokens for j in jobs), optimum, len(units),
+                      {k: len(v) for k, v in groups.items()}, dict(per_worker))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def print_report(report: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="cross-job prefix grouping")
+    for column in ("mode", "wall s", "requests", "prompt tok", "cached tok", "optimum", "cached/optimum",
+                   "tok/s", "req/s", "units", "workers per group"):
+        table.add_column(column, justify="right")
+    for mode, r in report["modes"].items():
+        table.add_row(mode, f"{r['wall_s']:.1f}", str(r["requests"]), str(r["prompt_tokens"]), str(r["cached_tokens"]),
+                      str(r["optimum_cached_tokens"]), f"{r['cached_vs_optimum']:.1%}", f"{r['tokens_per_s']:.0f}",
+                      f"{r['requests_per_s']:.2f}", str(r["units"]),
+                      " ".join(str(n) for n in sorted(r["workers_per_group"].values())))
+    console = console or Console()
+    console.print(table)
+    if "throughput_gain" in report:
+        console.print(f"throughput, grouping on / off: {report['throughput_gain']:.2f}x")
+
+
+def bench_grouping_command(
+    jobs: int = 4, requests_per_job: int = 16, system_prompts: int = 4, system_prompt_sentences: int = 40,
+    max_tokens: int = 4, workers: int = 2, max_requests_per_unit: int = 8, kv_cache_tokens: int = 2048,
+    threads_per_worker: int = 1, redis_url: str = "redis://127.0.0.1:6379/0", database_url: str = "",
+    seed: int = 0, mode: list[str] = list(MODES), out: str = "bench-results",  # noqa: B006
+) -> None:
+    """Prefix grouping on vs off: jobs sharing long system prompts, real workers; writes grouping.json.
+
+    kv_cache_tokens 0 keeps the engine's default KV budget.
+    """
+    options = GroupingBenchOptions(
+        jobs=jobs, requests_per_job=requests_per_job, system_prompts=system_prompts,
+        system_prompt_sentences=system_prompt_sentences, max_tokens=max_tokens, workers=workers,
+        max_requests_per_unit=max_requests_per_unit, kv_cache_tokens=kv_cache_tokens or None,
+        threads_per_worker=threads_per_worker, redis_url=redis_url, database_url=database_url or None, seed=seed,
+        modes=tuple(m for item in mode for m in item.split(",") if m), out=out)
+    report = run_grouping_bench(options, progress=lambda line: print(line, file=sys.stderr))
+    print_report(report)
+    print(f"raw results: {report['json_path']}")
+
+
+if __name__ == "__main__":
+    import typer
+
+    typer.run(bench_grouping_command)

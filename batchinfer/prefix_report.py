@@ -1,0 +1,107 @@
+"""Prefix-cache figures of a job, per work unit and per prefix group: cached prompt tokens / prompt
+tokens, and progress by group (for `batchinfer status`)."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy import func, select
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Request, RequestStatus, UnitStatus, WorkUnit
+
+NO_GROUP = "(no group)"
+
+
+@dataclass
+class UnitFigures:
+    unit_id: str
+    prefix_key: str
+    shared_prefix_len: int
+    status: str
+    worker: str | None
+    requests: int  # of this job
+    done: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class GroupFigures:
+    prefix_key: str
+    shared_prefix_len: int
+    units: int = 0
+    units_done: int = 0
+    requests: int = 0
+    done: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    workers: list[str] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "hit_rate": round(self.hit_rate, 4)}
+
+
+def unit_figures(ctx: AppContext, job_id: str) -> list[UnitFigures]:
+    with ctx.sessions() as session:
+        counts = session.execute(
+            select(Request.unit_id, Request.status, func.count()).where(Request.job_id == job_id,
+                                                                        Request.unit_id.is_not(None))
+            .group_by(Request.unit_id, Request.status)).all()
+        unit_ids = sorted({u for u, _, _ in counts})
+        units = {u.id: u for u in session.scalars(select(WorkUnit).where(WorkUnit.id.in_(unit_ids)))} if unit_ids else {}
+    per_unit: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for unit_id, status, n in counts:
+        per_unit[unit_id][0] += n
+        if status in (RequestStatus.COMPLETED, RequestStatus.FAILED):
+            per_unit[unit_id][1] += n
+    figures = []
+    for unit_id in unit_ids:
+        unit = units[unit_id]
+        fig = UnitFigures(unit_id, unit.prefix_key, unit.shared_prefix_len, unit.status, unit.worker, *per_unit[unit_id])
+        if unit.status == UnitStatus.DONE and unit.result_key:
+            fig.prompt_tokens, fig.cached_tokens = _tokens_of_job(ctx, unit.result_key, job_id)
+        figures.append(fig)
+    return figures
+
+
+def group_figures(units: list[UnitFigures]) -> list[GroupFigures]:
+    groups: dict[str, GroupFigures] = {}
+    for u in units:
+        key = u.prefix_key or NO_GROUP
+        g = groups.setdefault(key, GroupFigures(key, u.shared_prefix_len))
+        g.units += 1
+        g.units_done += u.status == UnitStatus.DONE
+        g.requests += u.requests
+        g.done += u.done
+        g.prompt_tokens += u.prompt_tokens
+        g.cached_tokens += u.cached_tokens
+        if u.worker and u.worker not in g.workers:
+            g.workers.append(u.worker)
+    return sorted(groups.values(), key=lambda g: (g.prefix_key == NO_GROUP, -g.requests, g.prefix_key))
+
+
+def job_prefix_report(ctx: AppContext, job_id: str) -> dict:
+    units = unit_figures(ctx, job_id)
+    return {"groups": [g.to_dict() for g in group_figures(units)],
+            "units": [{**asdict(u), "hit_rate": round(u.hit_rate, 4)} for u in units]}
+
+
+def _tokens_of_job(ctx: AppContext, result_key: str, job_id: str) -> tuple[int, int]:
+    prompt = cached = 0
+    with ctx.storage.open_read(result_key) as stream:
+        for raw in stream:
+            record = json.loads(raw)
+            if record["job_id"] == job_id:
+                prompt += record["tokens"][0]
+                cached += record["tokens"][2]
+    return prompt, cached
