@@ -1,6 +1,9 @@
 """Extend attention kernel: each sequence's new tokens attend to its cached prefix (read from the
 paged cache through the block table) and causally to each other (read from the new K/V), with one
-online softmax across both parts. This is prefill, with or without a cached prefix."""
+online softmax across both parts. This is prefill, with or without a cached prefix.
+
+A program owns one KV head and BLOCK_M rows: TOKENS_M tokens x the query heads that share that KV
+head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group."""
 from __future__ import annotations
 
 import math
@@ -32,25 +35,27 @@ def _extend_attention_kernel(
     cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
-    GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TOKENS_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    seq, head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    kv_head = head // GROUP
+    seq, kv_head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     prefix_len = tl.load(seq_lens_ptr + seq) - q_len
-    if m_block * BLOCK_M >= q_len:
+    if m_block * TOKENS_M >= q_len:
         return
 
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    offs_m = m_block * TOKENS_M + rows // BLOCK_G  # each row's token within the sequence's new tokens
+    heads = kv_head * GROUP + rows % BLOCK_G
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    mask_m = offs_m < q_len
+    mask_m = (offs_m < q_len) & (rows % BLOCK_G < GROUP)
     tokens_m = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + tokens_m[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q_rows = tokens_m * stride_qt + heads * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite, so rows with nothing visible yet stay NaN-free
@@ -63,14 +68,14 @@ def _extend_attention_kernel(
         pos = start + offs_n
         mask_n = pos < prefix_len
         block = tl.load(table + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
-        rows = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_token + kv_head * stride_cache_head
+        kv_rows = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_token + kv_head * stride_cache_head
         tile_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
-        v = tl.load(v_cache_ptr + rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
         acc, m_i, l_i = _attend(q, k, v, mask_n[None, :], acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
 
     # Part 2: the new tokens, causally (new token i sits at position prefix_len + i).
-    for start in range(0, tl.minimum(q_len, (m_block + 1) * BLOCK_M), BLOCK_N):
+    for start in range(0, tl.minimum(q_len, (m_block + 1) * TOKENS_M), BLOCK_N):
         pos = start + offs_n
         mask_n = pos < q_len
         tokens_n = (q_start + pos).to(tl.int64)
@@ -83,27 +88,34 @@ def _extend_attention_kernel(
         acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + tokens_m[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             acc.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    o_rows = tokens_m * stride_ot + heads * stride_oh
+    tl.store(o_ptr + o_rows[:, None] + offs_d[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_d[None, :])
 
 
 def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q: int,
-                     scale: float, block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+                     scale: float, block_m: int | None = None, block_n: int = 64) -> torch.Tensor:
     """q: [num_tokens, q_heads, dim]; k, v: the same tokens' new K/V [num_tokens, kv_heads, dim];
-    caches [num_blocks, block_size, kv_heads, dim] hold each sequence's prefix. Returns like q."""
+    caches [num_blocks, block_size, kv_heads, dim] hold each sequence's prefix. Returns like q.
+    block_m: rows per program (tokens x packed query heads; default 128, 64 in the slow CPU interpreter);
+    block_n: keys per tile."""
     out = torch.empty_like(q)
     num_tokens, q_heads, dim = q.shape
     if num_tokens == 0:
         return out
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == k.stride(2) == v.stride(2) == 1
     batch, kv_heads, block_size = len(seq_lens), k_cache.shape[2], k_cache.shape[1]
-    grid = (batch, q_heads, triton.cdiv(max_seqlen_q, block_m))
+    group = q_heads // kv_heads
+    block_g = triton.next_power_of_2(group)
+    block_m = max(block_m or (64 if q.device.type == "cpu" else 128), block_g)
+    grid = (batch, kv_heads, triton.cdiv(max_seqlen_q, block_m // block_g))
     _extend_attention_kernel[grid](
         q, k, v, out, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale * math.log2(math.e),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=q_heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+        GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
+        BLOCK_M=block_m, TOKENS_M=block_m // block_g, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 in, fp32-exact dots
+        num_warps=8 if block_m * dim >= 128 * 128 else 4,
     )
     return out
