@@ -90,8 +90,9 @@ def print_report(result: dict, console: Console | None = None) -> None:
 def write_outputs(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = out / "bench.json", out / "bench.png"
+    json_path, png_path = out / "bench.json", out / "bench.png"  # and bench.md, the tables as Markdown
     json_path.write_text(json.dumps(result, indent=2, default=_nan_safe))
+    (out / "bench.md").write_text(markdown(result))
     plot(result, png_path)
     return json_path, png_path
 
@@ -125,3 +126,26 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def markdown(result: dict) -> str:
+    """The same figures as Markdown tables, for docs/benchmarks.md."""
+    ratio = speedups(result["runs"])
+    lines = ["| workload | system | ok/req | wall s | total tok/s | out tok/s | vs llama.cpp | TTFT p50/p99 s "
+             "| TPOT p50/p99 ms | prefix hit | peak RSS MiB |", "|" + "---|" * 11]
+    for r in _sorted(result["runs"]):
+        x = ratio.get((r["workload"], r["system"]))
+        lines.append(f"| {r['workload']} | {r['system']} | {r['requests'] - r['failures']}/{r['requests']} "
+                     f"| {r['wall_s']:.2f} | {r['total_tok_s']:.1f} | {r['output_tok_s']:.1f} "
+                     f"| {'-' if x is None else f'{x:.2f}x'} | {r['ttft_p50_s']:.2f}/{r['ttft_p99_s']:.2f} "
+                     f"| {_ms(r['tpot_p50_s'])}/{_ms(r['tpot_p99_s'])} | {r['prefix_hit_rate']:.0%} "
+                     f"| {r['peak_rss_mib']:.0f} |")
+    lines += ["", "| workload | system | prefill s | prefill GFLOP | prefill GFLOP/s (% peak) | decode s "
+              "| decode GFLOP | decode GFLOP/s (% peak) |", "|" + "---|" * 8]
+    for r in _sorted(result["runs"]):
+        if "prefill_s" in r:
+            lines.append(f"| {r['workload']} | {r['system']} | {r['prefill_s']:.2f} | {r['prefill_gflop']:.1f} "
+                         f"| {r['prefill_gflops']:.1f} ({r['prefill_pct_peak']:.1f}%) | {r['decode_s']:.2f} "
+                         f"| {r['decode_gflop']:.1f} | {r['decode_gflops']:.1f} ({r['decode_pct_peak']:.1f}%) |")
+    lines += [""] + [f"- {line}" for line in target_lines(result)]
+    return "\n".join(lines) + "\n"
