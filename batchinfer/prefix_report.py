@@ -105,3 +105,18 @@ def _tokens_of_job(ctx: AppContext, result_key: str, job_id: str) -> tuple[int, 
                 prompt += record["tokens"][0]
                 cached += record["tokens"][2]
     return prompt, cached
+
+
+def unit_summary(ctx: AppContext, unit_id: str) -> tuple[str, int]:
+    """A finished unit's prefix key and the tokens it computed (uncached prompt plus completion)."""
+    with ctx.sessions() as session:
+        unit = session.get(WorkUnit, unit_id)
+    if unit is None:
+        return "", 0
+    work = 0
+    if unit.status == UnitStatus.DONE and unit.result_key:
+        with ctx.storage.open_read(unit.result_key) as stream:
+            for raw in stream:
+                prompt, completion, cached = json.loads(raw)["tokens"]
+                work += prompt - cached + completion
+    return unit.prefix_key, work

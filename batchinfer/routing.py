@@ -24,7 +24,7 @@ def worker_queue(worker_name: str) -> str:
 @dataclass
 class WorkerLoad:
     name: str
-    backlog: float = 0.0  # work already queued for it, in the same unit as UnitPlan.cost (tokens)
+    backlog: float = 0.0  # units already queued for it (a running one counts half)
     busy: bool = False
     holds: frozenset[str] = field(default_factory=frozenset)  # prefix keys it ran recently
 
@@ -55,9 +55,11 @@ def choose_queue(prefix_key: str, live_workers: list[str], *, loads: dict[str, f
     return worker_queue(owner)
 
 
-def route_units(units: list[tuple[str, int]], workers: list[WorkerLoad], slack: float = 0.25) -> list[str]:
+def route_units(units: list[tuple[str, int]], workers: list[WorkerLoad], slack: float = 0.25,
+                backlog_unit_cost: float | None = None) -> list[str]:
     """Queues for a whole plan of (prefix_key, cost) units, in plan order.
 
+    A worker's backlog counts as backlog_unit_cost per unit (default: this plan's mean unit cost).
     Groups are placed largest first on the least loaded worker (a holder of the prefix when one
     is below its fair share), and a group spills to the next least loaded worker once its owner
     would exceed the fair share by more than `slack`. Units without a group go to the shared queue.
@@ -65,7 +67,9 @@ def route_units(units: list[tuple[str, int]], workers: list[WorkerLoad], slack: 
     queues = [SHARED_QUEUE] * len(units)
     if not workers:
         return queues
-    load = {w.name: w.backlog for w in workers}
+    if backlog_unit_cost is None:
+        backlog_unit_cost = sum(cost for _, cost in units) / max(len(units), 1)
+    load = {w.name: w.backlog * backlog_unit_cost for w in workers}
     members: dict[str, list[int]] = {}
     for i, (key, _) in enumerate(units):
         if key:

@@ -85,12 +85,12 @@ class WorkerRegistry:
     def queue_depth(self, queue: str) -> int:
         return int(self.conn.llen(self._list_key(queue)))
 
-    def loads(self, unit_cost: float = 1.0) -> list[WorkerLoad]:
-        """Live workers as the router sees them: queued units (and the one running) times unit_cost."""
+    def loads(self) -> list[WorkerLoad]:
+        """Live workers as the router sees them: units queued for them (a running one counts half)."""
         loads = []
         for w in self.live():
             queued = self.queue_depth(w.queue) + (0.5 if w.busy else 0.0)
-            loads.append(WorkerLoad(w.name, queued * unit_cost, w.busy, frozenset(w.prefix_keys)))
+            loads.append(WorkerLoad(w.name, queued, w.busy, frozenset(w.prefix_keys)))
         return loads
 
     def steal_one(self, thief: str) -> str | None:

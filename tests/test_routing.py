@@ -76,24 +76,24 @@ def test_groups_go_to_their_holder_and_around_a_backlog():
     units = [("a", 100)] * 3 + [("b", 100)] * 3
     queues = route_units(units, [WorkerLoad("w1", holds=frozenset({"b"})), WorkerLoad("w2", holds=frozenset({"a"}))])
     assert set(queues[:3]) == {worker_queue("w2")} and set(queues[3:]) == {worker_queue("w1")}
-    queues = route_units(units, [WorkerLoad("w1", backlog=1000), WorkerLoad("w2")])
+    queues = route_units(units, [WorkerLoad("w1", backlog=10), WorkerLoad("w2")])
     assert queues.count(worker_queue("w2")) == 6  # w1 has more than this whole plan queued already
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_plans_stay_within_the_fair_share_and_keep_small_groups_whole(seed):
     rng = random.Random(seed)
-    workers = [WorkerLoad(f"w{i}", backlog=rng.choice([0, 0, 300])) for i in range(rng.randint(1, 5))]
+    workers = [WorkerLoad(f"w{i}", backlog=rng.choice([0, 0, 3])) for i in range(rng.randint(1, 5))]
     units = [(f"g{rng.randrange(12)}" if rng.random() < 0.9 else "", rng.randint(50, 150)) for _ in range(rng.randint(1, 80))]
     slack = 0.25
-    queues = route_units(units, workers, slack)
-    load = {w.name: w.backlog for w in workers}
+    queues = route_units(units, workers, slack, backlog_unit_cost=100)
+    load = {w.name: w.backlog * 100 for w in workers}
     for (key, cost), q in zip(units, queues):
         assert (q == SHARED_QUEUE) == (key == "")
         if key:
             load[owner_of(q)] += cost
     fair = sum(load.values()) / len(workers)
-    assert max(load.values()) <= max(fair * (1 + slack) + 150, max(w.backlog for w in workers) + 150)
+    assert max(load.values()) <= max(fair * (1 + slack) + 150, max(w.backlog for w in workers) * 100 + 150)
     total = {k: sum(c for kk, c in units if kk == k) for k, _ in units if k}
     for key, cost in total.items():
         holders = {q for (k, _), q in zip(units, queues) if k == key}
@@ -151,8 +151,8 @@ def test_loads_count_queued_units_and_held_prefixes(registry):
     registry.beat(state)
     registry.beat(WorkerState("w2"))
     push(registry, worker_queue("w1"), "m1", "m2")
-    loads = {w.name: w for w in registry.loads(unit_cost=10)}
-    assert loads["w1"].backlog == 25 and loads["w1"].holds == {"k1", "k2"} and loads["w2"].backlog == 0
+    loads = {w.name: w for w in registry.loads()}
+    assert loads["w1"].backlog == 2.5 and loads["w1"].holds == {"k1", "k2"} and loads["w2"].backlog == 0
 
 
 def test_an_idle_worker_steals_the_newest_unit_of_a_busy_peer(registry):
