@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
+from batchinfer.planner.fairness import PRIORITY_STEPS
 from batchinfer.routing import SHARED_QUEUE, WorkerLoad, worker_queue
 
 MAX_PREFIX_KEYS = 32
+KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
 
 
 @dataclass
@@ -82,8 +84,15 @@ class WorkerRegistry:
     def dead(self) -> list[WorkerState]:
         return self._states()[1]
 
+    def _priority_keys(self, queue: str) -> list[str]:
+        """The broker's lists of a queue, served first to last (kombu: one list per priority step)."""
+        return [self._list_key(queue) + (f"{KOMBU_PRIORITY_SEP}{step}" if step else "") for step in PRIORITY_STEPS]
+
     def queue_depth(self, queue: str) -> int:
-        return int(self.conn.llen(self._list_key(queue)))
+        pipe = self.conn.pipeline()
+        for key in self._priority_keys(queue):
+            pipe.llen(key)
+        return int(sum(pipe.execute()))
 
     def loads(self) -> list[WorkerLoad]:
         """Live workers as the router sees them: units queued for them (a running one counts half)."""
@@ -94,21 +103,25 @@ class WorkerRegistry:
         return loads
 
     def steal_one(self, thief: str) -> str | None:
-        """Move the newest unit of the deepest busy worker's queue to the shared queue, where the
-        idle thief picks it up; the victim keeps its order. Returns the victim's name."""
+        """Move the unit a busy worker would run last (the newest of its lowest priority) to the
+        shared queue at the same priority, where the idle thief picks it up. Returns the victim."""
         victims = [(self.queue_depth(w.queue), w.name) for w in self.live() if w.name != thief and w.busy]
         victims = [v for v in victims if v[0] > 0]
         if not victims:
             return None
         _, victim = max(victims)
-        moved = self.conn.lmove(self._list_key(worker_queue(victim)), self._list_key(SHARED_QUEUE), "LEFT", "RIGHT")
-        return victim if moved is not None else None
+        pairs = zip(self._priority_keys(worker_queue(victim)), self._priority_keys(SHARED_QUEUE))
+        for source, target in reversed(list(pairs)):
+            if self.conn.lmove(source, target, "LEFT", "RIGHT") is not None:
+                return victim
+        return None
 
     def drain(self, queue: str, into: str = SHARED_QUEUE) -> int:
-        """Move every message of queue into another, oldest first (each move is atomic)."""
+        """Move every message of queue into another, oldest first, keeping priorities (each move is atomic)."""
         moved = 0
-        while self.conn.lmove(self._list_key(queue), self._list_key(into), "RIGHT", "LEFT") is not None:
-            moved += 1
+        for source, target in zip(self._priority_keys(queue), self._priority_keys(into)):
+            while self.conn.lmove(source, target, "RIGHT", "LEFT") is not None:
+                moved += 1
         return moved
 
     def claim(self, name: str, hold_s: float = 60.0) -> bool:

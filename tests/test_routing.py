@@ -120,13 +120,15 @@ def registry():
         conn.delete(k)
 
 
-def push(registry: WorkerRegistry, queue: str, *messages: str) -> None:
+def push(registry: WorkerRegistry, queue: str, *messages: str, priority: int = 0) -> None:
+    key = registry.key_prefix + queue + (f"\x06\x16{priority}" if priority else "")
     for m in messages:  # as kombu's Redis transport publishes: LPUSH, consumed by BRPOP
-        registry.conn.lpush(registry.key_prefix + queue, m)
+        registry.conn.lpush(key, m)
 
 
-def contents(registry: WorkerRegistry, queue: str) -> list[str]:
-    return [m.decode() for m in registry.conn.lrange(registry.key_prefix + queue, 0, -1)]
+def contents(registry: WorkerRegistry, queue: str, priority: int = 0) -> list[str]:
+    key = registry.key_prefix + queue + (f"\x06\x16{priority}" if priority else "")
+    return [m.decode() for m in registry.conn.lrange(key, 0, -1)]
 
 
 def test_a_worker_that_stops_beating_is_dead_and_a_leaving_one_is_not(registry):
@@ -164,6 +166,20 @@ def test_an_idle_worker_steals_the_newest_unit_of_a_busy_peer(registry):
     assert contents(registry, SHARED_QUEUE) == ["newest"]
     registry.beat(WorkerState("w1", busy=False))
     assert registry.steal_one("w2") is None  # an idle owner will run its own queue
+
+
+def test_stealing_and_draining_keep_broker_priorities(registry):
+    registry.beat(WorkerState("w1", busy=True))
+    registry.beat(WorkerState("w2"))
+    push(registry, worker_queue("w1"), "first", priority=0)
+    push(registry, worker_queue("w1"), "late-a", "late-b", priority=9)
+    assert registry.queue_depth(worker_queue("w1")) == 3
+    assert registry.steal_one("w2") == "w1"
+    assert contents(registry, SHARED_QUEUE, priority=9) == ["late-b"]  # what w1 would have run last
+    assert registry.drain(worker_queue("w1")) == 2
+    assert contents(registry, SHARED_QUEUE, priority=0) == ["first"]
+    assert sorted(contents(registry, SHARED_QUEUE, priority=9)) == ["late-a", "late-b"]
+    assert registry.queue_depth(worker_queue("w1")) == 0
 
 
 def test_agent_beats_its_state_and_steals_only_when_idle(registry):

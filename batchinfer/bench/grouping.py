@@ -217,7 +217,7 @@ def _submit_and_dispatch(ctx, jobs: list[str]) -> list[str]:
     job_ids = [service.submit(ctx, io.BytesIO(text.encode()), f"job{j}.jsonl").id for j, text in enumerate(jobs)]
     app = make_app(ctx.settings)
     for unit in dispatch_units(ctx):
-        app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue)
+        app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
     return job_ids
 
 

@@ -55,3 +55,32 @@ def fair_order(units: list[list[PendingRequest]]) -> list[list[PendingRequest]]:
             while cursor[j] < len(by_job[j]) and emitted[by_job[j][cursor[j]]]:
                 cursor[j] += 1
     return out
+
+
+# Celery's Redis transport keeps one list per priority step and serves step 0 first.
+PRIORITY_STEPS = (0, 3, 6, 9)
+ATTAINED_UNITS_BOUNDS = (1, 4, 16)  # a job's first unit, its next 3, next 12, then the rest
+
+
+def service_priorities(units: list, served_units: dict[str, int],
+                       job_priority: dict[str, int] | None = None) -> list[int]:
+    """Broker priority (0 first .. 9 last) of each unit, least attained service first: a unit runs
+    as early as the job in it that has received the fewest units so far, across dispatch rounds.
+
+    A big job already running has many units behind it, so the first units of a job submitted
+    later overtake them in every queue; each job priority level moves a job one step earlier.
+    """
+    served = dict(served_units)
+    job_priority = job_priority or {}
+    out = []
+    for unit in units:
+        jobs = dict.fromkeys(r.job_id for r in unit.requests)
+        step = min(_las_step(served.get(j, 0)) - job_priority.get(j, 0) for j in jobs)
+        out.append(PRIORITY_STEPS[min(max(step, 0), len(PRIORITY_STEPS) - 1)])
+        for j in jobs:
+            served[j] = served.get(j, 0) + 1
+    return out
+
+
+def _las_step(attained: int) -> int:
+    return sum(attained >= bound for bound in ATTAINED_UNITS_BOUNDS)
