@@ -9,8 +9,8 @@
    SDPA), both through the AttentionBackend interface;
 3. end to end (bf16): LLMEngine with attention_backend="triton", then "torch", on a generated
    shared-prefix workload (random token ids, ignore_eos, so every run emits the same token count),
-   tokens/s; then `batchinfer bench --system engine --workload shared-prefix` on cuda in bf16 when
-   that command exists.
+   tokens/s; then `batchinfer bench --system engine --workload shared-prefix` on cuda in bf16
+   (as `python -m batchinfer.bench` while the CLI lacks the subcommand).
 
 Every section records its results, or its error, in the JSON written to --out. The exit status is 1
 when a correctness check failed, 2 when CUDA is absent (nothing runs then).
@@ -209,21 +209,29 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
     return row
 
 
-def run_bench_cli(args: argparse.Namespace) -> dict:
-    """`batchinfer bench` on cuda in bf16 (the engine picks Triton there), when the command exists."""
+def bench_command() -> list[str]:
+    """`batchinfer bench` when the CLI has it, else the same command as `python -m batchinfer.bench`."""
     exe = shutil.which("batchinfer")
-    if exe is None or subprocess.run([exe, "bench", "--help"], capture_output=True).returncode != 0:
-        return dict(skipped="the `batchinfer bench` command is not available")
+    if exe and subprocess.run([exe, "bench", "--help"], capture_output=True).returncode == 0:
+        return [exe, "bench"]
+    return [sys.executable, "-m", "batchinfer.bench"]
+
+
+def bench_cli_args(args: argparse.Namespace, out_dir: str) -> list[str]:
+    """The engine (which picks Triton on cuda) in bf16 on the shared-prefix workload."""
+    model = ["--model", args.model] if args.model else []
+    return ["--system", "engine", "--workload", "shared-prefix", "--device", "cuda", "--dtype", "bfloat16",
+            "--cache-dir", args.cache_dir, "--out", out_dir] + model
+
+
+def run_bench_cli(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = [exe, "bench", "--system", "engine", "--workload", "shared-prefix", "--device", "cuda",
-               "--dtype", "bfloat16", "--cache-dir", args.cache_dir, "--out", out_dir]
-        if args.model:
-            cmd += ["--model", args.model]
+        cmd = bench_command() + bench_cli_args(args, out_dir)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
         print(proc.stdout[-3000:])
-        found = list(Path(out_dir).glob("*.json"))
+        found = sorted(Path(out_dir).glob("*.json"))
         return dict(command=" ".join(cmd), returncode=proc.returncode, stderr_tail=proc.stderr[-2000:],
-                    results=json.loads(found[0].read_text()) if found else None)
+                    results={p.name: json.loads(p.read_text()) for p in found})
 
 
 def _section(results: dict, name: str, fn, *fn_args) -> None:

@@ -1,5 +1,6 @@
 """The parts of benchmarks/gpu_check.py that need no GPU: arguments, the workload, the no-CUDA exit."""
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,11 @@ def test_triton_gpu_check_exits_with_a_clear_message_without_cuda(tmp_path):
     assert proc.returncode == 2
     assert "CUDA is not available" in proc.stderr
     assert not out.exists()
+
+
+def test_triton_gpu_check_passes_bench_only_options_it_has(gpu_check):
+    args = gpu_check.parse_args(["--out", "r.json", "--model", "m.gguf"])
+    help_text = subprocess.run(gpu_check.bench_command() + ["--help"], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "COLUMNS": "200"}).stdout
+    options = [a for a in gpu_check.bench_cli_args(args, "out") if a.startswith("--")]
+    assert "--device" in options and all(option in help_text for option in options), help_text
