@@ -68,3 +68,14 @@ def test_local_keys_cannot_escape_the_root(tmp_path):
 def test_unknown_scheme_is_refused():
     with pytest.raises(ValueError):
         open_storage("gs://bucket")
+
+
+def test_s3_writes_after_an_empty_object_stay_fast(s3_url):
+    import time
+
+    storage = open_storage(s3_url)
+    started = time.time()
+    for i in range(4):
+        with storage.open_write(f"k{i}") as out:
+            out.write(b"x" * 100 * (i % 2))
+    assert time.time() - started < 20

@@ -11,6 +11,7 @@ PREFIX_LENS = [0, 14, 15, 16, 90]
 
 @pytest.mark.parametrize("block_size,group,dtype,num_splits", [
     (16, 1, torch.float32, 1), (16, 3, torch.float16, 4), (32, 4, torch.float16, None), (32, 3, torch.float32, 7),
+    (16, 3, torch.bfloat16, 2),
 ])
 def test_triton_decode_matches_reference(paged_batch, tolerance, block_size, group, dtype, num_splits):
     batch = paged_batch(PREFIX_LENS, [1] * len(PREFIX_LENS), block_size, kv_heads=2, group=group, head_dim=32,

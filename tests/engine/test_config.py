@@ -1,0 +1,19 @@
+"""EngineConfig validates itself and names the bad field."""
+from __future__ import annotations
+
+import pytest
+
+from batchinfer.engine import EngineConfig
+
+
+@pytest.mark.parametrize("field,value", [("block_size", 0), ("kv_cache_fraction", 1.5), ("max_num_seqs", 0),
+                                         ("max_num_batched_tokens", 0), ("attention_backend", "flash"),
+                                         ("dtype", "int8"), ("kv_cache_bytes", -1)])
+def test_invalid_field_is_named_in_the_error(field, value):
+    with pytest.raises(ValueError, match=f"EngineConfig.{field}"):
+        EngineConfig(**{field: value})
+
+
+def test_byte_budget_wins_over_fraction():
+    assert EngineConfig(kv_cache_bytes=1234, kv_cache_fraction=0.5).kv_budget_bytes() == 1234
+    assert EngineConfig(kv_cache_fraction=0.01).kv_budget_bytes() > 0

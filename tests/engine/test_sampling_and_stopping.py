@@ -1,0 +1,102 @@
+"""Seeded sampling independent of batch companions, stop strings, EOS, max_tokens, metrics."""
+from __future__ import annotations
+
+import pytest
+
+from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(loaded_model) -> LLMEngine:
+    return LLMEngine(loaded_model, EngineConfig(max_num_seqs=16))
+
+
+def chat(engine: LLMEngine, text: str) -> list[int]:
+    tok = engine.tokenizer
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    return tok.encode(prompt, add_special_tokens=False)
+
+
+def test_same_seed_gives_same_tokens_whatever_the_batch(engine):
+    params = SamplingParams(max_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=1234)
+    target = GenerationRequest("alone", chat(engine, "Write a sentence about the moon."), params)
+    alone = engine.generate([target])[0]
+    companions = [GenerationRequest(f"c{i}", chat(engine, f"Tell me fact number {i} about cats."),
+                                    SamplingParams(max_tokens=6 + i, temperature=1.0, seed=i)) for i in range(5)]
+    crowded = engine.generate(companions[:2] + [GenerationRequest("crowded", target.prompt_token_ids, params)]
+                              + companions[2:])[2]
+    assert crowded.output_token_ids == alone.output_token_ids
+
+
+def test_different_seeds_give_different_samples(engine):
+    prompt = chat(engine, "Invent a name for a cat.")
+    outs = {tuple(engine.generate([GenerationRequest(f"s{s}", prompt, SamplingParams(max_tokens=8, temperature=1.2,
+                                                                                       seed=s))])[0].output_token_ids)
+            for s in range(4)}
+    assert len(outs) > 1
+
+
+def test_top_k_one_is_greedy(engine):
+    prompt = chat(engine, "Name a colour.")
+    greedy = engine.generate([GenerationRequest("g", prompt, SamplingParams(max_tokens=6, temperature=0))])[0]
+    top1 = engine.generate([GenerationRequest("k", prompt, SamplingParams(max_tokens=6, temperature=1.5, top_k=1,
+                                                                          seed=3))])[0]
+    assert top1.output_token_ids == greedy.output_token_ids
+
+
+def test_stop_string_cuts_the_text_and_finishes_with_stop(engine):
+    prompt = chat(engine, "Count from one to ten in words, separated by commas.")
+    free = engine.generate([GenerationRequest("free", prompt, SamplingParams(max_tokens=24, temperature=0))])[0]
+    assert "three" in free.text.lower(), free.text
+    stop = "three" if "three" in free.text else "Three"
+    cut = engine.generate([GenerationRequest("cut", prompt, SamplingParams(max_tokens=24, temperature=0,
+                                                                           stop=(stop,)))])[0]
+    assert cut.finish_reason == "stop"
+    assert stop not in cut.text and free.text.startswith(cut.text)
+    assert cut.completion_tokens < free.completion_tokens
+
+
+def test_max_tokens_finishes_with_length(engine):
+    res = engine.generate([GenerationRequest("len", chat(engine, "Tell me a long story."),
+                                             SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))])[0]
+    assert res.finish_reason == "length" and res.completion_tokens == 5
+
+
+def test_eos_finishes_with_stop_and_is_not_in_the_text(engine):
+    res = engine.generate([GenerationRequest("eos", chat(engine, "Say hi."), SamplingParams(max_tokens=64,
+                                                                                              temperature=0))])[0]
+    assert res.finish_reason == "stop"
+    assert res.output_token_ids[-1] == engine.tokenizer.eos_token_id
+    assert "<|im_end|>" not in res.text and res.text
+
+
+def test_warm_run_reports_cached_tokens_and_metrics_are_ordered(engine):
+    prompt = chat(engine, "Describe a lighthouse at night in a few words. " * 4)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    cold = engine.generate([GenerationRequest("cold", prompt, params)])[0]
+    warm = engine.generate([GenerationRequest("warm", prompt, params)])[0]
+    assert warm.cached_tokens >= len(prompt) - 16 > 0
+    assert warm.output_token_ids == cold.output_token_ids
+    for r in (cold, warm):
+        assert r.prompt_tokens == len(prompt)
+        assert r.arrival_time <= r.first_scheduled_time <= r.first_token_time <= r.last_token_time
+        assert r.queue_s >= 0 and 0 < r.ttft_s <= r.e2e_s and r.tpot_s > 0
+
+
+def test_on_result_sees_every_request_and_the_list_keeps_input_order(engine):
+    reqs = [GenerationRequest(f"o{i}", chat(engine, f"Say the number {i}."),
+                              SamplingParams(max_tokens=2 + 3 * (i % 3), temperature=0, ignore_eos=True))
+            for i in range(6)]
+    seen = []
+    results = engine.generate(reqs, on_result=lambda r: seen.append(r.request_id))
+    assert [r.request_id for r in results] == [r.request_id for r in reqs]
+    assert sorted(seen) == sorted(r.request_id for r in reqs)
+
+
+def test_abort_frees_the_request_blocks(engine):
+    engine.add_request(GenerationRequest("doomed", chat(engine, "Tell me a story."),
+                                         SamplingParams(max_tokens=50, temperature=0)))
+    engine.step()
+    engine.abort("doomed")
+    assert not engine.has_unfinished()
+    engine.block_manager.check_integrity([])

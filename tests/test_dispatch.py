@@ -1,0 +1,50 @@
+from sqlalchemy import select
+
+from batchinfer import service
+from batchinfer.db.models import Request, WorkUnit
+from batchinfer.dispatch import dispatch
+from batchinfer.planner import PlannerConfig
+from batchinfer.routing import choose_queue
+from conftest import chat_line, completion_line
+from jobfiles import submit_lines
+
+
+def test_pending_requests_of_all_queued_jobs_are_planned_once(make_context):
+    ctx = make_context()
+    a = submit_lines(ctx, [chat_line("a1", "hi"), chat_line("a2", "there")])
+    b = submit_lines(ctx, [completion_line("b1", "x")])
+    units = dispatch(ctx, ["w1"])
+    assert sum(u.num_requests for u in units) == 3
+    assert all(u.queue == choose_queue_for(ctx, u.unit_id) for u in units)
+    with ctx.sessions() as session:
+        rows = session.execute(select(Request.job_id, Request.status, Request.unit_id)).all()
+        unit_rows = session.scalars(select(WorkUnit)).all()
+    assert {r.job_id for r in rows} == {a.id, b.id} and all(r.status == "planned" and r.unit_id for r in rows)
+    assert {u.id for u in unit_rows} == {u.unit_id for u in units}
+    assert all(ctx.storage.exists(u.input_key) for u in unit_rows)
+    assert dispatch(ctx, ["w1"]) == []
+
+
+def choose_queue_for(ctx, unit_id):
+    with ctx.sessions() as session:
+        unit = session.get(WorkUnit, unit_id)
+    return choose_queue(unit.prefix_key, ["w1"])
+
+
+def test_units_mix_jobs_and_respect_the_planner_limits(make_context):
+    ctx = make_context()
+    submit_lines(ctx, [completion_line(f"a{i}", "same prefix") for i in range(3)])
+    submit_lines(ctx, [completion_line(f"b{i}", "same prefix") for i in range(3)])
+    units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=4))
+    assert [u.num_requests for u in units] == [4, 2]
+    with ctx.sessions() as session:
+        jobs_in_first = set(session.scalars(select(Request.job_id).where(Request.unit_id == units[0].unit_id)))
+    assert len(jobs_in_first) == 2
+
+
+def test_cancelled_and_failed_jobs_are_not_planned(make_context):
+    ctx = make_context()
+    job = submit_lines(ctx, [chat_line("a", "hi")])
+    service.cancel(ctx, job.id)
+    submit_lines(ctx, ["not json"])
+    assert dispatch(ctx) == []

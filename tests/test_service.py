@@ -1,0 +1,112 @@
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from batchinfer import service
+from batchinfer.db.models import Request
+from batchinfer.dispatch import dispatch
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+from batchinfer.unit_runner import run_unit
+from conftest import chat_line, completion_line
+from jobfiles import read_output, submit_lines
+
+
+def _run_units(ctx, generator, units):
+    for unit in units:
+        run_unit(ctx, unit.unit_id, generator, "test-worker")
+
+
+def test_submit_validates_and_queues(make_context):
+    ctx = make_context()
+    job = submit_lines(ctx, [chat_line("a", "hi"), completion_line("b", "hey")], metadata={"team": "x"})
+    assert job.status == "queued" and job.total == 2 and job.failed == 0 and job.metadata_ == {"team": "x"}
+    assert job.queued_at >= job.created_at and job.expires_at == pytest.approx(job.created_at + 86400)
+    assert ctx.storage.exists(f"jobs/{job.id}/input.jsonl") and ctx.storage.exists(f"jobs/{job.id}/prepared.jsonl")
+
+
+def test_an_invalid_file_fails_with_every_error_and_nothing_runs(make_context):
+    ctx = make_context()
+    job = submit_lines(ctx, [chat_line("a", "hi"), "{oops", chat_line("a", "again")])
+    assert job.status == "failed" and job.failed_at is not None
+    assert [(e["line"], e["code"]) for e in job.errors] == [(2, "invalid_json_line"), (3, "duplicate_custom_id")]
+    with ctx.sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Request)) == 0
+    assert dispatch(ctx) == []
+    assert [e["error"]["code"] for e in read_output(ctx, job.id, errors=True)] == ["invalid_json_line",
+                                                                                  "duplicate_custom_id"]
+
+
+def test_an_unknown_model_is_refused(make_context):
+    with pytest.raises(InvalidRequest, match="model_not_found"):
+        submit_lines(make_context(), [chat_line("a", "hi")], model="gpt-4o")
+
+
+def test_skip_invalid_runs_the_valid_lines_and_lists_the_rest(make_context, generator):
+    ctx = make_context()
+    job = submit_lines(ctx, ["[]", completion_line("ok", "The sky is"), completion_line("bad", "x", max_tokens=-1)],
+                       skip_invalid=True)
+    assert job.status == "queued" and job.total == 3 and job.failed == 2
+    _run_units(ctx, generator, dispatch(ctx))
+    job = service.get(ctx, job.id)
+    assert (job.status, job.completed, job.failed) == ("completed", 1, 2)
+    assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["ok"]
+    errors = read_output(ctx, job.id, errors=True)
+    assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(1, "not_an_object"), (3, "invalid_field")]
+
+
+def test_cancel_keeps_finished_results(make_context, generator):
+    ctx = make_context(max_requests_per_unit=1)
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Number {i} is") for i in range(3)])
+    units = dispatch(ctx)
+    assert len(units) == 3
+    _run_units(ctx, generator, units[:1])
+    job = service.cancel(ctx, job.id)
+    assert job.status == "cancelled" and job.cancelling_at <= job.cancelled_at
+    assert (job.completed, job.failed) == (1, 2)
+    assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["c0"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in read_output(ctx, job.id, errors=True)] == [
+        ("c1", "batch_cancelled"), ("c2", "batch_cancelled")]
+    _run_units(ctx, generator, units[1:])  # units already queued find nothing left to run
+    assert service.get(ctx, job.id).completed == 1
+    with pytest.raises(BatchInferError, match="already cancelled"):
+        service.cancel(ctx, job.id)
+
+
+def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, generator):
+    ctx = make_context(max_requests_per_unit=1)
+    job = submit_lines(ctx, [completion_line("first", "Hello"), completion_line("second", "World")],
+                       completion_window="1h")
+    units = dispatch(ctx)
+    _run_units(ctx, generator, units[:1])
+    assert service.expire_overdue(ctx, now=time.time() + 60) == []
+    assert service.expire_overdue(ctx, now=time.time() + 7200) == [job.id]
+    job = service.get(ctx, job.id)
+    assert job.status == "expired" and (job.completed, job.failed) == (1, 1)
+    assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["first"]
+    assert [(e["custom_id"], e["error"]["code"]) for e in read_output(ctx, job.id, errors=True)] == [
+        ("second", "batch_expired")]
+
+
+def test_jobs_on_postgres_and_s3_complete_with_output_in_input_order(make_context, postgres_url, s3_url, generator):
+    ctx = make_context(database_url=postgres_url, storage_url=s3_url)
+    first = submit_lines(ctx, [chat_line("a1", "Hi"), completion_line("a2", "Paris is")])
+    second = submit_lines(ctx, [completion_line("b1", "Rome is"), chat_line("b2", "Hello"), chat_line("b3", "Yo")])
+    units = dispatch(ctx)
+    assert sum(u.num_requests for u in units) == 5
+    _run_units(ctx, generator, units)
+    for job, ids in ((first, ["a1", "a2"]), (second, ["b1", "b2", "b3"])):
+        job = service.get(ctx, job.id)
+        assert job.status == "completed" and job.completed == len(ids) and job.error_key is None
+        lines = read_output(ctx, job.id)
+        assert [o["custom_id"] for o in lines] == ids
+        usage = [o["response"]["body"]["usage"] for o in lines]
+        assert job.prompt_tokens == sum(u["prompt_tokens"] for u in usage) > 0
+        assert job.completion_tokens == sum(u["completion_tokens"] for u in usage) > 0
+        assert all(o["metrics"]["worker"] == "test-worker" and o["metrics"]["e2e_s"] > 0 for o in lines)
+    assert [j.id for j in service.list_jobs(ctx)] == [second.id, first.id]
+
+
+def test_unknown_jobs_are_reported(make_context):
+    with pytest.raises(JobNotFound):
+        service.get(make_context(), "batch_nope")
