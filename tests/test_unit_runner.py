@@ -1,0 +1,80 @@
+from sqlalchemy import select
+
+from batchinfer import service, unit_runner
+from batchinfer.db.models import Request, WorkUnit
+from batchinfer.dispatch import dispatch
+from batchinfer.unit_runner import run_unit
+from conftest import completion_line
+from jobfiles import read_output, submit_lines
+
+
+def _one_unit_job(ctx, n=2):
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(n)])
+    (unit,) = dispatch(ctx)
+    return job, unit
+
+
+def test_a_unit_run_twice_counts_each_request_once(make_context, generator):
+    ctx = make_context()
+    job, unit = _one_unit_job(ctx)
+    first = run_unit(ctx, unit.unit_id, generator, "w1")
+    second = run_unit(ctx, unit.unit_id, generator, "w2")
+    assert first.committed and first.completed == 2 and first.finalized_jobs == (job.id,)
+    assert not second.committed
+    job = service.get(ctx, job.id)
+    assert (job.status, job.completed, job.failed) == ("completed", 2, 0)
+    assert [o["metrics"]["worker"] for o in read_output(ctx, job.id)] == ["w1", "w1"]
+
+
+def test_a_unit_redelivered_after_a_crash_runs_again_and_commits_once(make_context, generator):
+    ctx = make_context()
+    job, unit = _one_unit_job(ctx)
+    assert unit_runner._start(ctx, unit.unit_id, "crashed-worker") is not None  # a run that died mid-unit
+    outcome = run_unit(ctx, unit.unit_id, generator, "w2")
+    assert outcome.committed and outcome.completed == 2
+    with ctx.sessions() as session:
+        row = session.get(WorkUnit, unit.unit_id)
+    assert (row.attempts, row.worker, row.result_key) == (2, "w2", f"units/{unit.unit_id}/results-2.jsonl")
+    assert service.get(ctx, job.id).completed == 2
+
+
+def test_racing_runs_of_one_unit_on_postgres_commit_once(make_context, postgres_url, generator):
+    ctx = make_context(database_url=postgres_url)
+    job, unit = _one_unit_job(ctx)
+    _, to_run_a = unit_runner._start(ctx, unit.unit_id, "wa")
+    _, to_run_b = unit_runner._start(ctx, unit.unit_id, "wb")
+    assert to_run_a == to_run_b and len(to_run_a) == 2  # both runs hold the same requests
+    records = unit_runner._generate(unit_runner._load_requests(ctx, unit.unit_id, to_run_a), generator, "wa", None)
+    a = unit_runner._commit(ctx, unit.unit_id, "units/a.jsonl", records)
+    b = unit_runner._commit(ctx, unit.unit_id, "units/b.jsonl", records)
+    assert a.committed and not b.committed
+    job = service.get(ctx, job.id)
+    assert job.completed == 2 and job.completion_tokens == sum(r["tokens"][1] for r in records.values())
+    with ctx.sessions() as session:
+        assert session.get(WorkUnit, unit.unit_id).result_key == "units/a.jsonl"
+
+
+def test_an_engine_failure_fails_the_units_requests_with_server_error(make_context):
+    class BrokenEngine:  # a fault the real engine cannot be made to raise on demand
+        def generate(self, requests, on_result=None):
+            raise RuntimeError("CUDA out of memory")
+
+    ctx = make_context()
+    job, unit = _one_unit_job(ctx)
+    outcome = run_unit(ctx, unit.unit_id, BrokenEngine(), "w1")
+    assert outcome.committed and outcome.failed == 2
+    job = service.get(ctx, job.id)
+    assert (job.status, job.completed, job.failed) == ("completed", 0, 2)
+    errors = read_output(ctx, job.id, errors=True)
+    assert [e["error"]["code"] for e in errors] == ["server_error", "server_error"]
+    assert "CUDA out of memory" in errors[0]["error"]["message"]
+
+
+def test_requests_of_a_cancelled_job_are_not_run(make_context, generator):
+    ctx = make_context()
+    job, unit = _one_unit_job(ctx)
+    service.cancel(ctx, job.id)
+    outcome = run_unit(ctx, unit.unit_id, generator, "w1")
+    assert outcome.committed and outcome.completed == 0
+    with ctx.sessions() as session:
+        assert set(session.scalars(select(Request.status))) == {"cancelled"}
