@@ -9,6 +9,7 @@ CASES = {
     "prefill": ([0, 0], [13, 30]),
     "extend_over_cached_prefix": ([16, 21, 0], [5, 1, 9]),
     "decode": ([0, 15, 31, 64], [1, 1, 1, 1]),
+    "decode_tokens_beside_a_prefill_chunk": ([10, 47, 16], [1, 1, 12]),
 }
 
 
