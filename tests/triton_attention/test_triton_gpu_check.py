@@ -32,8 +32,7 @@ def test_triton_gpu_check_workload_shares_each_prefix_within_its_group(gpu_check
 def test_triton_gpu_check_parses_its_options(gpu_check):
     args = gpu_check.parse_args(["--out", "r.json", "--skip-e2e", "--max-tokens", "16"])
     assert (args.out, args.skip_e2e, args.max_tokens, args.skip_bench_cli) == ("r.json", True, 16, False)
-    with pytest.raises(SystemExit):
-        gpu_check.parse_args([])  # --out is required
+    assert gpu_check.main([]) == 2  # --out is required
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given on a machine without CUDA")
@@ -51,3 +50,11 @@ def test_triton_gpu_check_passes_bench_only_options_it_has(gpu_check):
                                env={**os.environ, "COLUMNS": "200"}).stdout
     options = [a for a in gpu_check.bench_cli_args(args, "out") if a.startswith("--")]
     assert "--device" in options and all(option in help_text for option in options), help_text
+
+
+def test_triton_gpu_check_packs_config_and_tokenizer_without_weights(gpu_check, tmp_path):
+    cache = os.environ.get("BATCHINFER_MODEL_CACHE") or str(Path.home() / ".cache" / "batchinfer" / "models")
+    names = gpu_check.pack_model(str(tmp_path / "pack"), None, cache)
+    assert {"config.json", "tokenizer.json"} <= set(names)
+    assert not any(name.endswith((".safetensors", ".gguf", ".bin")) for name in names)
+    assert sum(p.stat().st_size for p in (tmp_path / "pack").iterdir()) < 16 << 20
