@@ -90,10 +90,13 @@ def group_figures(units: list[UnitFigures]) -> list[GroupFigures]:
     return sorted(groups.values(), key=lambda g: (g.prefix_key == NO_GROUP, -g.requests, g.prefix_key))
 
 
+def units_json(units: list[UnitFigures]) -> list[dict]:
+    return [{**asdict(u), "hit_rate": round(u.hit_rate, 4)} for u in units]
+
+
 def job_prefix_report(ctx: AppContext, job_id: str) -> dict:
     units = unit_figures(ctx, job_id)
-    return {"groups": [g.to_dict() for g in group_figures(units)],
-            "units": [{**asdict(u), "hit_rate": round(u.hit_rate, 4)} for u in units]}
+    return {"groups": [g.to_dict() for g in group_figures(units)], "units": units_json(units)}
 
 
 def _tokens_of_job(ctx: AppContext, result_key: str, job_id: str) -> tuple[int, int]:
