@@ -1,9 +1,11 @@
 """The one model per process: a worker (or `batchinfer run`) loads it once and reuses it for every unit."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 from functools import lru_cache
+from pathlib import Path
 
 from batchinfer.settings import Settings
 
@@ -45,15 +47,28 @@ def _load(settings: Settings):
     return HFGenerator.from_pretrained(settings.model, str(settings.model_cache))
 
 
+class _LazyTokenizer:
+    """Loads the tokenizer (and transformers, and torch) on first use: a file that fails early never pays for it."""
+
+    def __init__(self, folder: Path):
+        self._folder = folder
+        self._tokenizer = None
+
+    def __getattr__(self, name: str):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+        return getattr(self._tokenizer, name)
+
+
 @lru_cache(maxsize=4)
 def _tokenizer_and_len(model: str | None, cache_dir: str):
-    from transformers import AutoConfig, AutoTokenizer
-
     from batchinfer.engine.loader import resolve_model_dir
 
     folder = resolve_model_dir(model, cache_dir)
-    config = AutoConfig.from_pretrained(folder)
-    return AutoTokenizer.from_pretrained(folder), int(getattr(config, "max_position_embeddings", 8192))
+    config = json.loads((folder / "config.json").read_text())
+    return _LazyTokenizer(folder), int(config.get("max_position_embeddings", 8192))
 
 
 def tokenizer_and_context(settings: Settings):

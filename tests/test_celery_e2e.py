@@ -1,0 +1,75 @@
+"""The production path: CLI submit against PostgreSQL + Redis + S3, run by a separate Celery worker process."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from batchinfer.settings import Settings
+from cli_helpers import batchinfer, cli_env
+from conftest import chat_line, completion_line
+from workers import registry
+
+
+@pytest.fixture
+def cluster_env(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
+    prefix = f"bitest-{uuid.uuid4().hex[:8]}:"
+    env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url, BATCHINFER_STORAGE_URL=s3_url,
+                  BATCHINFER_BROKER_URL=f"{redis_server}/0", BATCHINFER_BROKER_PREFIX=prefix,
+                  BATCHINFER_DISPATCH_COUNTDOWN_S="0.5", **s3_server)
+    migrate = batchinfer(env, "db", "upgrade")
+    assert migrate.returncode == 0, migrate.stderr
+    return env
+
+
+@pytest.fixture
+def worker(cluster_env, tmp_path):
+    name = f"w{uuid.uuid4().hex[:6]}"
+    log = open(tmp_path / "worker.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "worker", "--name", name], env=cluster_env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    settings = Settings(broker_url=cluster_env["BATCHINFER_BROKER_URL"],
+                        broker_prefix=cluster_env["BATCHINFER_BROKER_PREFIX"])
+    try:
+        deadline = time.time() + 180
+        while name not in registry.live_workers(settings):  # listed once the model is loaded
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert time.time() < deadline, "worker did not come up"
+            time.sleep(1)
+        yield name
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_a_job_submitted_from_the_cli_runs_on_a_worker_and_downloads(cluster_env, worker, tmp_path):
+    src = tmp_path / "batch.jsonl"
+    src.write_text("\n".join([chat_line("first", "Hello!"), completion_line("second", "The capital of Italy is"),
+                              chat_line("third", "Name a fruit.")]) + "\n")
+    submitted = batchinfer(cluster_env, "submit", str(src), "--json", "--metadata", "run=e2e")
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert job["status"] == "queued" and job["metadata"] == {"run": "e2e"}
+    watched = batchinfer(cluster_env, "status", job["id"], "--watch", "--json", timeout=300)
+    final = json.loads(watched.stdout)
+    assert final["status"] == "completed", final
+    assert final["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+    assert final["in_progress_at"] and final["finalizing_at"] and final["completed_at"]
+    assert final["output_file_key"].endswith(f"jobs/{job['id']}/output.jsonl")
+    out = tmp_path / "out.jsonl"
+    downloaded = batchinfer(cluster_env, "download", job["id"], "-o", str(out))
+    assert downloaded.returncode == 0, downloaded.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [o["custom_id"] for o in lines] == ["first", "second", "third"]
+    assert {o["metrics"]["worker"] for o in lines} == {worker}
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] >= 1 for o in lines)
+    assert final["usage"]["prompt_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in lines)

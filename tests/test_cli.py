@@ -1,0 +1,108 @@
+import json
+
+import pytest
+
+from cli_helpers import batchinfer, cli_env
+from conftest import chat_line, completion_line
+
+COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade"]
+
+
+@pytest.fixture
+def env(tmp_path, model_cache):
+    return cli_env(tmp_path, model_cache)
+
+
+def _write(tmp_path, lines, name="in.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_run_writes_results_in_input_order(tmp_path, env):
+    src = _write(tmp_path, [chat_line("q1", "Hi"), completion_line("q2", "The sky is"), chat_line("q3", "Bye")])
+    out, errs = tmp_path / "out.jsonl", tmp_path / "errors.jsonl"
+    result = batchinfer(env, "run", src, "-o", str(out), "--errors", str(errs))
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [o["custom_id"] for o in lines] == ["q1", "q2", "q3"]
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] >= 1 for o in lines)
+    assert lines[0]["response"]["body"]["object"] == "chat.completion"
+    assert lines[1]["response"]["body"]["object"] == "text_completion"
+    assert "completed: 3 completed, 0 failed" in result.stderr and errs.read_text() == ""
+
+
+def test_bad_input_is_reported_by_line_and_code_without_a_traceback(tmp_path, env):
+    src = _write(tmp_path, [
+        chat_line("ok", "hi"), "{nope", '"a string"', json.dumps({"custom_id": "x"}), chat_line("ok", "again"),
+        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/images", "body": {}}),
+        chat_line("m", "hi", model="other-model"), completion_line("ctx", "word " * 50, max_tokens=8190),
+        completion_line("f", "hi", top_p=0)])
+    with open(src, "ab") as f:
+        f.write(b'{"custom_id": "\xff"}\n')
+    result = batchinfer(env, "run", src, "-o", str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2
+    for expected in ["line 2: invalid_json_line", "line 3: not_an_object", "line 4: missing_field (method)",
+                     "line 5: duplicate_custom_id (custom_id)", "line 6: unsupported_url (url)",
+                     "line 7: model_not_found (body.model)", "line 8: context_length_exceeded (body.max_tokens)",
+                     "line 9: invalid_field (body.top_p)", "line 10: invalid_utf8"]:
+        assert expected in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("lines,settings,expected", [
+    ([], {}, "file: empty_file"),
+    ([completion_line(f"c{i}", "hi") for i in range(3)], {"BATCHINFER_MAX_REQUESTS_PER_FILE": "2"},
+     "line 3: too_many_requests"),
+])  # line_too_long and file_too_large take the same path; test_validation covers them
+def test_file_limits_fail_the_job_with_a_clear_error(tmp_path, env, lines, settings, expected):
+    src = _write(tmp_path, lines)
+    result = batchinfer({**env, **settings}, "submit", src)
+    assert result.returncode == 2 and expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "Two plus two is"), "not json"])
+    result = batchinfer(env, "submit", src, "--skip-invalid", "--json", "--metadata", "team=search",
+                        "--completion-window", "2h")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["status"] == "completed" and job["metadata"] == {"team": "search"}
+    assert job["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    assert job["expires_at"] - job["created_at"] == pytest.approx(7200, abs=1)
+    status = json.loads(batchinfer(env, "status", job["id"], "--json").stdout)
+    assert status["usage"]["prompt_tokens"] > 0 and status["errors"]["data"][0]["code"] == "invalid_json_line"
+    human = batchinfer(env, "status", job["id"])
+    assert "completed" in human.stdout and "hit rate" in human.stdout
+    listed = json.loads(batchinfer(env, "list", "--json").stdout)
+    assert [j["id"] for j in listed] == [job["id"]]
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
+    assert json.loads(errs.read_text())["error"] == {"code": "invalid_json_line", "line": 2, "param": None,
+                                                     "message": json.loads(errs.read_text())["error"]["message"]}
+    cancel = batchinfer(env, "cancel", job["id"])
+    assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
+
+
+def test_errors_are_one_line_with_distinct_exit_codes(tmp_path, env):
+    missing = batchinfer(env, "status", "batch_missing")
+    assert missing.returncode == 3 and missing.stderr.strip() == "error: no job 'batch_missing'"
+    no_file = batchinfer(env, "run", str(tmp_path / "absent.jsonl"), "-o", str(tmp_path / "o.jsonl"))
+    assert no_file.returncode == 1 and no_file.stderr.strip().startswith("error: no such file")
+    bad_setting = batchinfer({**env, "BATCHINFER_STORAGE_URL": "ftp://x"}, "list")
+    assert bad_setting.returncode == 1 and len(bad_setting.stderr.strip().splitlines()) == 1
+    no_broker = batchinfer(env, "worker")
+    assert no_broker.returncode == 1 and "BATCHINFER_BROKER_URL" in no_broker.stderr
+    bad_meta = batchinfer(env, "submit", _write(tmp_path, [chat_line("a", "b")]), "--metadata", "oops")
+    assert bad_meta.returncode == 1 and "key=value" in bad_meta.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    from typer.testing import CliRunner
+
+    from batchinfer.cli import app
+
+    result = CliRunner().invoke(app, [*command.split(), "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
