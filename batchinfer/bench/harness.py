@@ -68,7 +68,7 @@ def run_bench(options: BenchOptions, progress=None) -> dict:
         if progress:
             progress(f"running {system} on {', '.join(options.workloads)}")
         systems.append(_run_isolated(system, options) if options.isolate else run_system(system, options))
-    return {"machine": machine_info(), "options": options.to_dict(), "command": " ".join(sys.argv),
+    return {"machine": machine_info(), "options": options.to_dict(), "command": _command_line(),
             "workloads": {w.name: w.stats() for w in workloads}, "systems": systems,
             "runs": [run["summary"] for s in systems for run in s["runs"]]}
 
@@ -77,6 +77,11 @@ def _run_isolated(system: str, options: BenchOptions) -> dict:
     """A fresh process per system: its peak memory is its own and no thread pools are shared."""
     with cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(run_system, system, options).result()
+
+
+def _command_line() -> str:
+    program = "python -m batchinfer.bench" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
+    return " ".join([program, *sys.argv[1:]])
 
 
 def machine_info() -> dict:

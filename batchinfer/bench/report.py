@@ -106,11 +106,13 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = result["runs"]
+    ratio = speedups(result["runs"])
+    runs = [r | {"speedup": ratio.get((r["workload"], r["system"]), 0.0)} for r in result["runs"]]
     workloads = list(dict.fromkeys(r["workload"] for r in runs))
     systems = list(dict.fromkeys(r["system"] for r in runs))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = [("total_tok_s", "total tokens/s (higher is better)"), ("ttft_p50_s", "TTFT p50 s (lower is better)"),
+    first = ("speedup", "total tokens/s relative to llama.cpp") if ratio else ("total_tok_s", "total tokens/s")
+    panels = [first, ("ttft_p50_s", "TTFT p50 s (lower is better)"),
               ("tpot_p50_s", "TPOT p50 s (lower is better)")]
     width = 0.8 / max(len(systems), 1)
     for ax, (key, title) in zip(axes, panels):
@@ -120,6 +122,10 @@ def plot(result: dict, path: Path) -> None:
             ax.bar([j + i * width for j in range(len(workloads))], values, width, label=system)
         ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(workloads))], workloads)
         ax.set_title(title)
+    if ratio:  # dashed: the engine's target over llama.cpp
+        for j, w in enumerate(workloads):
+            if w in TARGET_SPEEDUP:
+                axes[0].hlines(TARGET_SPEEDUP[w], j - width / 2, j + 0.8 - width / 2, colors="k", linestyles="--")
     axes[0].legend()
     fig.suptitle(f"batchinfer bench: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
                  f"{result['machine']['date_utc']}")
