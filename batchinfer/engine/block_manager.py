@@ -75,13 +75,14 @@ class BlockManager:
 
     # allocation -----------------------------------------------------------------------------------
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] = ()) -> bool:
-        """Whether seq (holding its block table, or about to lock prefix_hits) can grow by num_new_tokens."""
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] = (), reserve: int = 0) -> bool:
+        """Whether seq (holding its block table, or about to lock prefix_hits) can grow by num_new_tokens
+        and still leave `reserve` blocks available."""
         held = len(seq.block_table) or len(prefix_hits)
         computed = seq.num_computed_tokens if seq.block_table else len(prefix_hits) * self.block_size
         needed = self.blocks_for(computed + num_new_tokens) - held
         locked_from_cache = sum(1 for b in prefix_hits if self.blocks[b].ref_count == 0)
-        return needed <= self.num_available_blocks - locked_from_cache
+        return needed + reserve <= self.num_available_blocks - locked_from_cache
 
     def allocate_prefix(self, seq: Sequence, prefix_hits: list[int]) -> None:
         assert not seq.block_table, f"{seq} already holds blocks"

@@ -21,6 +21,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.starvation_steps = config.starvation_steps
         self.block_manager = block_manager
+        # Admit new work only while this many blocks stay free for the running decodes (less thrashing).
+        self.watermark_blocks = max(1, block_manager.num_blocks // 100)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -105,15 +107,18 @@ class Scheduler:
                 break
             hits = self.block_manager.match_prefix(seq)
             n = min(len(seq) - len(hits) * self.block_manager.block_size, budget)
-            if not self.block_manager.can_allocate(seq, n, hits):
+            if not self.block_manager.can_allocate(seq, n, hits, reserve=self._reserve()):
                 break
             self._admit(seq, hits, n)
             admitted.append(seq)
             budget -= n
-        for seq in self.waiting:
-            if admitted:
+        if admitted:
+            for seq in self.waiting:
                 seq.skipped_steps += 1
         return admitted
+
+    def _reserve(self) -> int:
+        return self.watermark_blocks if self.running else 0
 
     def _waiting_order(self) -> list[Sequence]:
         """Urgent (preempted or starving) first in queue order, then longest cached prefix first."""

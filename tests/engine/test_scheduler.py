@@ -115,18 +115,24 @@ def test_passed_over_request_is_not_starved():
 def test_preempted_sequence_restarts_from_scratch_and_keeps_its_tokens():
     sched = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=4)
     rng = random.Random(0)
-    a = Sequence("a", list(range(7)), SamplingParams(max_tokens=30))
-    b = Sequence("b", list(range(50, 57)), SamplingParams(max_tokens=30))
+    # Each fits alone (7 + 17 tokens = 6 blocks), both together do not.
+    a = Sequence("a", list(range(7)), SamplingParams(max_tokens=17))
+    b = Sequence("b", list(range(50, 57)), SamplingParams(max_tokens=17))
     sched.add(a)
     sched.add(b)
-    while sched.num_preemptions == 0:
+    for _ in range(40):
+        if sched.num_preemptions:
+            break
         run_step(sched, rng)
         sched.block_manager.check_integrity(holders(sched))
     victim = b if b.status == SequenceStatus.WAITING else a
     assert victim.num_computed_tokens == 0 and not victim.block_table
     assert victim.num_output_tokens > 0
     kept = list(victim.token_ids)
-    while victim.status != SequenceStatus.FINISHED:
+    for _ in range(100):
+        if victim.status == SequenceStatus.FINISHED:
+            break
         run_step(sched, rng)
         sched.block_manager.check_integrity(holders(sched))
+    assert victim.status == SequenceStatus.FINISHED
     assert victim.token_ids[:len(kept)] == kept
