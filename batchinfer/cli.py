@@ -145,14 +145,20 @@ def status(job_id: str, watch: bool = typer.Option(False, help="refresh until th
         with Live(job_table(job_dict(job)), console=out, refresh_per_second=2) as live:
             while job.status not in JobStatus.TERMINAL:
                 time.sleep(1)
-                job = service.get(ctx, job_id)
+                job = _refresh(ctx, job_id)
                 live.update(job_table(job_dict(job)))
-    while watch and job.status not in JobStatus.TERMINAL:
-        time.sleep(1)
-        job = service.get(ctx, job_id)
-    _print_job(job, as_json)
+    else:
+        while watch and job.status not in JobStatus.TERMINAL:
+            time.sleep(1)
+            job = _refresh(ctx, job_id)
+        _print_job(job, as_json)
     if job.status == JobStatus.FAILED:
         raise typer.Exit(1)
+
+
+def _refresh(ctx, job_id: str):
+    service.expire_overdue(ctx)
+    return service.get(ctx, job_id)
 
 
 @app.command("list")

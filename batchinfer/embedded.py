@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from sqlalchemy import select
+
 from batchinfer.context import AppContext
+from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.dispatch import dispatch
 from batchinfer.engine_host import get_generator
 from batchinfer.unit_runner import UnitOutcome, run_unit
@@ -13,10 +16,17 @@ EMBEDDED_WORKER = "embedded"
 
 def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = None,
                 on_loaded: Callable[[], None] | None = None) -> list[UnitOutcome]:
-    units = dispatch(ctx, [EMBEDDED_WORKER])
-    if not units:
+    dispatch(ctx, [EMBEDDED_WORKER])
+    unit_ids = _unfinished_units(ctx)  # includes units an interrupted earlier run left behind
+    if not unit_ids:
         return []
     generator = get_generator(ctx.settings)
     if on_loaded:
         on_loaded()
-    return [run_unit(ctx, unit.unit_id, generator, EMBEDDED_WORKER, on_result) for unit in units]
+    return [run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result) for unit_id in unit_ids]
+
+
+def _unfinished_units(ctx: AppContext) -> list[str]:
+    with ctx.sessions() as session:
+        query = select(WorkUnit.id).where(WorkUnit.status != UnitStatus.DONE).order_by(WorkUnit.created_at)
+        return list(session.scalars(query))

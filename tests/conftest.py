@@ -105,7 +105,8 @@ def s3_server(tmp_path_factory):
     proc = subprocess.Popen(
         [weed, "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={master}",
          f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
-         f"-s3.config={config}", "-volume.max=32", "-master.volumeSizeLimitMB=64"],
+         f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=32",
+         "-master.volumeSizeLimitMB=64"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3}", "AWS_ACCESS_KEY_ID": S3_KEY,
            "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
