@@ -41,6 +41,8 @@ class EngineRunner(Runner):
             with probe:
                 results = self.engine.generate(requests)
         except Exception as exc:  # the whole batch failed: every request counts as a failure
+            for r in requests:
+                self.engine.abort(r.request_id)
             return [failed_record(r.request_id, r.prompt_token_ids, arrival, time.time(), exc) for r in requests], None
         records = [RequestRecord(r.request_id, r.prompt_tokens, r.completion_tokens, arrival, r.first_scheduled_time,
                                  r.first_token_time, r.last_token_time, r.cached_tokens, r.finish_reason)

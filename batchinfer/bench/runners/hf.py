@@ -32,6 +32,9 @@ class HFRunner(Runner):
         loaded = load_model(options.model_path, options.cache_dir, dtype=_DTYPES[options.dtype])
         self.device = torch.device(options.device)
         self.model = loaded.hf_model.to(self.device)
+        # generate() falls back to the model's own eos_token_id when given None; clear it so EOS is
+        # sampled like any token and every request runs to max_tokens, as on the other systems.
+        self.model.generation_config.eos_token_id = None
         self.pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.shape = ModelShape.from_hf_config(loaded.config)
 
@@ -62,9 +65,8 @@ class HFRunner(Runner):
         width = max(len(p) for p in batch)
         input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in batch], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
-        # eos_token_id=None: every request runs to max_tokens, as on the other systems.
-        config = GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                                  eos_token_id=None, pad_token_id=self.pad_id)
+        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None,
+                                  pad_token_id=self.pad_id)
         clock = StepClock()
         with torch.inference_mode():
             out = self.model.generate(input_ids, attention_mask=mask, generation_config=config,
