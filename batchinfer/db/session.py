@@ -56,6 +56,10 @@ def transaction(factory: sessionmaker[Session]):
 def alembic_config(url: str):
     from alembic.config import Config
 
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        from batchinfer.errors import BatchInferError
+
+        raise BatchInferError(f"no Alembic migrations at {MIGRATIONS_DIR}: install from a checkout with pip install -e .")
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
