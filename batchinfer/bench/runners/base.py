@@ -36,4 +36,5 @@ def sequential_phases(records: list[RequestRecord], shape: ModelShape, how: str)
 
 
 def failed_record(request_id: str, prompt: list[int], arrival: float, now: float, error: BaseException) -> RequestRecord:
-    return RequestRecord(request_id, len(prompt), 0, arrival, now, now, now, error=f"{type(error).__name__}: {error}")
+    error_text = f"{type(error).__name__}: {error}"
+    return RequestRecord(request_id, len(prompt), 0, arrival, now, now, now, error=error_text)
