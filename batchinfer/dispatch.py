@@ -11,14 +11,15 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, distinct, func, select, update
 
 from batchinfer import keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import transaction
 from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
-from batchinfer.routing import choose_queue
+from batchinfer.planner.fairness import service_priorities
+from batchinfer.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.validation import PreparedRequest
 
 
@@ -27,6 +28,7 @@ class DispatchedUnit:
     unit_id: str
     queue: str
     num_requests: int
+    priority: int = 0  # broker priority step, 0 runs first
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
@@ -34,9 +36,13 @@ def planner_config(ctx: AppContext) -> PlannerConfig:
                          max_tokens_per_unit=ctx.settings.max_tokens_per_unit)
 
 
-def dispatch(ctx: AppContext, live_workers: list[str] | None = None,
-             config: PlannerConfig | None = None) -> list[DispatchedUnit]:
-    """Plan every pending request into units, persist them, and return them in planner order."""
+def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: PlannerConfig | None = None,
+             worker_loads: list[WorkerLoad] | None = None) -> list[DispatchedUnit]:
+    """Plan every pending request into units, persist them, and return them in planner order.
+
+    With worker_loads (the registry's view), the whole plan is routed at once (route_units);
+    otherwise each unit goes through choose_queue on the live worker names.
+    """
     with transaction(ctx.sessions) as session:
         jobs = {job.id: job for job in session.scalars(
             select(Job).where(Job.status.in_(JobStatus.RUNNABLE)).order_by(Job.created_at).with_for_update())}
@@ -49,7 +55,24 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None,
                                    jobs[job_id].queued_at or jobs[job_id].created_at)
                     for job_id, indices in pending.items() for index in sorted(indices)]
         plans = plan_units(requests, config or planner_config(ctx))
-        return [_persist_unit(ctx, session, plan, prepared, live_workers or []) for plan in plans]
+        queues = _route(plans, live_workers or [], worker_loads)
+        priorities = service_priorities(plans, _served_units(session, list(jobs)), {j: job.priority for j, job in jobs.items()})
+        return [_persist_unit(ctx, session, plan, prepared, queue, priority)
+                for plan, queue, priority in zip(plans, queues, priorities)]
+
+
+def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
+    if worker_loads:
+        costs = [sum(len(r.prompt_token_ids) + r.max_tokens for r in p.requests) for p in plans]
+        return route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], worker_loads)
+    return [choose_queue(p.prefix_key, live_workers) for p in plans]
+
+
+def _served_units(session, job_ids: list[str]) -> dict[str, int]:
+    """Units each job has received so far, across dispatch rounds (for least-attained-service priorities)."""
+    rows = session.execute(select(Request.job_id, func.count(distinct(Request.unit_id)))
+                           .where(Request.job_id.in_(job_ids), Request.unit_id.is_not(None)).group_by(Request.job_id))
+    return {job_id: n for job_id, n in rows}
 
 
 def _pending_indices(session, job_ids: list[str]) -> dict[str, set[int]]:
@@ -74,9 +97,8 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     return found
 
 
-def _persist_unit(ctx: AppContext, session, plan: UnitPlan, prepared, live_workers: list[str]) -> DispatchedUnit:
+def _persist_unit(ctx: AppContext, session, plan: UnitPlan, prepared, queue: str, priority: int) -> DispatchedUnit:
     unit_id = f"unit_{uuid.uuid4().hex}"
-    queue = choose_queue(plan.prefix_key, live_workers)
     with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
         for req in plan.requests:
             out.write(json.dumps({"job_id": req.job_id, **asdict(prepared[req.job_id, req.index])}).encode() + b"\n")
@@ -87,4 +109,4 @@ def _persist_unit(ctx: AppContext, session, plan: UnitPlan, prepared, live_worke
     stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
             .values(status=RequestStatus.PLANNED, unit_id=unit_id, unit_pos=bindparam("p")))
     session.connection().execute(stmt, [{"j": r.job_id, "i": r.index, "p": pos} for pos, r in enumerate(plan.requests)])
-    return DispatchedUnit(unit_id, queue, len(plan.requests))
+    return DispatchedUnit(unit_id, queue, len(plan.requests), priority)

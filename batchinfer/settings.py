@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     dispatch_countdown_s: float = 1.0
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None
+    worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
+    worker_ttl_s: float = 30.0  # a worker silent this long is dead: its queue and running units are rerun
+    worker_steal: bool = True  # an idle worker takes units queued for a busy one
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s")

@@ -30,6 +30,8 @@ class UnitOutcome:
     completed: int = 0
     failed: int = 0
     finalized_jobs: tuple[str, ...] = ()
+    prefix_key: str = ""
+    work_tokens: int = 0  # uncached prompt + completion tokens this run computed
 
 
 def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
@@ -38,21 +40,23 @@ def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
     started = _start(ctx, unit_id, worker)
     if started is None:
         return UnitOutcome(unit_id, committed=False)
-    attempt, to_run = started
+    attempt, to_run, prefix_key = started
     requests = _load_requests(ctx, unit_id, to_run)
     records = _generate(requests, generator, worker, on_result)
+    work_tokens = sum(r["tokens"][0] - r["tokens"][2] + r["tokens"][1] for r in records.values())
     result_key = keys.unit_results(unit_id, attempt)
     with ctx.storage.open_write(result_key) as out:
         for key in sorted(records):
             out.write(json.dumps(records[key], separators=(",", ":")).encode() + b"\n")
     outcome = _commit(ctx, unit_id, result_key, records)
+    outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     if outcome.committed:
         jobs = sorted({job_id for job_id, _ in to_run} | _jobs_of_unit(ctx, unit_id))
         outcome.finalized_jobs = tuple(j for j in jobs if service.try_finalize(ctx, j))
     return outcome
 
 
-def _start(ctx: AppContext, unit_id: str, worker: str) -> tuple[int, set[tuple[str, int]]] | None:
+def _start(ctx: AppContext, unit_id: str, worker: str) -> tuple[int, set[tuple[str, int]], str] | None:
     """Mark the unit and its still-wanted requests running; None when the unit is already done."""
     now = time.time()
     with transaction(ctx.sessions) as session:
@@ -72,7 +76,7 @@ def _start(ctx: AppContext, unit_id: str, worker: str) -> tuple[int, set[tuple[s
         job_ids = {j for j, _ in to_run}
         session.execute(update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
                         .values(status=JobStatus.IN_PROGRESS, in_progress_at=now))
-        return unit.attempts, to_run
+        return unit.attempts, to_run, unit.prefix_key
 
 
 def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) -> list[dict]:

@@ -41,8 +41,8 @@ def test_a_unit_redelivered_after_a_crash_runs_again_and_commits_once(make_conte
 def test_racing_runs_of_one_unit_on_postgres_commit_once(make_context, postgres_url, generator):
     ctx = make_context(database_url=postgres_url)
     job, unit = _one_unit_job(ctx)
-    _, to_run_a = unit_runner._start(ctx, unit.unit_id, "wa")
-    _, to_run_b = unit_runner._start(ctx, unit.unit_id, "wb")
+    _, to_run_a, _ = unit_runner._start(ctx, unit.unit_id, "wa")
+    _, to_run_b, _ = unit_runner._start(ctx, unit.unit_id, "wb")
     assert to_run_a == to_run_b and len(to_run_a) == 2  # both runs hold the same requests
     records = unit_runner._generate(unit_runner._load_requests(ctx, unit.unit_id, to_run_a), generator, "wa", None)
     a = unit_runner._commit(ctx, unit.unit_id, "units/a.jsonl", records)

@@ -1,4 +1,8 @@
-"""`batchinfer worker`: one Celery worker process that loads the model once and runs units one at a time."""
+"""`batchinfer worker`: one Celery worker process that loads the model once and runs units one at a time.
+
+Beside Celery runs the worker agent: it publishes this worker's state, steals units queued for a busy
+peer when idle, and reruns what a dead peer held.
+"""
 from __future__ import annotations
 
 import socket
@@ -6,12 +10,14 @@ import socket
 from celery import signals
 
 from batchinfer.engine_host import get_generator
+from batchinfer.reaper import reap_dead_workers, running_units_of
 from batchinfer.routing import SHARED_QUEUE, worker_queue
 from batchinfer.settings import get_settings
+from batchinfer.worker_agent import WorkerAgent
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
-    from workers import registry
+    from workers import registry, tasks
     from workers.celery_app import app
 
     settings = get_settings()
@@ -21,7 +27,15 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
     @signals.worker_ready.connect(weak=False)
     def _ready(**_):
         get_generator(settings)  # load the model before the first unit arrives
-        registry.start_heartbeat(settings, name)
+        reg = registry.worker_registry(settings)
+        sessions = tasks.context().sessions
+        reap = lambda: reap_dead_workers(reg, lambda w: running_units_of(sessions, w), tasks.requeue_unit)  # noqa: E731
+        tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal, reap).start()
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _shutdown(**_):
+        if tasks.agent is not None:
+            tasks.agent.stop()
 
     app.worker_main(["worker", "--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
                      "--loglevel", loglevel, "--without-gossip", "--without-mingle"])

@@ -1,47 +1,22 @@
-"""Which workers are alive: each worker refreshes a short-lived Redis key; dispatch lists them for routing."""
+"""The worker registry in Redis (batchinfer.worker_registry) as this deployment configures it, and the dispatch lock."""
 from __future__ import annotations
-
-import threading
 
 import redis
 
 from batchinfer.settings import Settings
-
-TTL_S = 30
-BEAT_S = 10
-
-
-def _prefix(settings: Settings) -> str:
-    return f"{settings.broker_prefix}batchinfer:worker:"
+from batchinfer.worker_registry import WorkerRegistry
 
 
 def client(settings: Settings) -> redis.Redis:
     return redis.Redis.from_url(settings.broker_url)
 
 
-def start_heartbeat(settings: Settings, name: str) -> threading.Event:
-    """Keep `name` listed while this process lives; set the returned event to stop."""
-    stop = threading.Event()
-    conn = client(settings)
-
-    def beat() -> None:
-        while True:
-            try:
-                conn.set(_prefix(settings) + name, "1", ex=TTL_S)
-            except redis.RedisError:
-                pass  # the broker is down; the worker itself will notice and reconnect
-            if stop.wait(BEAT_S):
-                conn.delete(_prefix(settings) + name)
-                return
-
-    threading.Thread(target=beat, name="batchinfer-heartbeat", daemon=True).start()
-    return stop
+def worker_registry(settings: Settings) -> WorkerRegistry:
+    return WorkerRegistry(client(settings), settings.broker_prefix, ttl_s=settings.worker_ttl_s)
 
 
 def live_workers(settings: Settings) -> list[str]:
-    prefix = _prefix(settings)
-    names = client(settings).scan_iter(match=prefix + "*")
-    return sorted(n.decode()[len(prefix):] for n in names)
+    return [w.name for w in worker_registry(settings).live()]
 
 
 def dispatch_lock(settings: Settings):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from functools import lru_cache
 
 from batchinfer import service
@@ -17,6 +18,7 @@ from workers.celery_app import app
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "batchinfer.dispatch"
 RUN_UNIT_TASK = "batchinfer.run_unit"
+agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
 
 
 @lru_cache(maxsize=1)
@@ -29,9 +31,10 @@ def dispatch_task() -> int:
     ctx = context()
     with registry.dispatch_lock(ctx.settings):
         service.expire_overdue(ctx)
-        units = dispatch(ctx, registry.live_workers(ctx.settings))
+        loads = registry.worker_registry(ctx.settings).loads()
+        units = dispatch(ctx, [w.name for w in loads], worker_loads=loads)
         for unit in units:
-            run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue)
+            run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
     log.info("dispatched %d units", len(units))
     return len(units)
 
@@ -40,8 +43,22 @@ def dispatch_task() -> int:
 def run_unit_task(self, unit_id: str) -> dict:
     ctx = context()
     worker = (self.request.hostname or "worker").split("@")[0]
-    outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker)
+    started = time.time()
+    if agent is not None:
+        agent.unit_started(unit_id)
+    outcome = None
+    try:
+        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker)
+    finally:
+        if agent is not None:
+            agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
+                                time.time() - started)
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
+
+
+def requeue_unit(unit_id: str) -> None:
+    """Run a unit again (its worker died); the unit runner's fence keeps it from counting twice."""
+    run_unit_task.apply_async(args=[unit_id], queue=SHARED_QUEUE)
 
 
 def trigger_dispatch(countdown: float | None = None) -> None:
