@@ -1,6 +1,8 @@
-"""Attention in plain torch over the paged KV cache: batched decode and per-sequence extend.
+"""Attention in plain torch over the paged KV cache.
 
-Each step's metadata is planned once (gather indices, masks) and reused by every layer.
+Each step is planned once (gather indices, masks) and the plan serves every layer. Sequences with
+nothing cached attend to their own new K/V with a causal mask; all others (decodes, extends over a
+cached prefix) are padded into one batch whose K/V is gathered from the cache in one indexing op.
 """
 from __future__ import annotations
 
@@ -11,13 +13,23 @@ import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
 
+# Extends longer than this run on their own rather than padding every row of the batch to their length.
+MAX_BATCHED_QUERY_LEN = 64
+
+
+@dataclass
+class _PaddedBatch:
+    rows: torch.Tensor  # int64 [batch, max_q]: the flat query row of each (sequence, query), padding -> 0
+    valid: torch.Tensor  # bool [batch, max_q]
+    out_rows: torch.Tensor  # int64 [num_valid]: rows[valid]
+    slots: torch.Tensor  # int64 [batch, max_len]: cache slots of each sequence's keys, padding -> slot 0
+    bias: torch.Tensor  # float [batch, 1, max_q, max_len]: 0 where a query may attend, -inf elsewhere
+
 
 @dataclass
 class _Plan:
-    num_decode: int  # the batch starts with this many one-token sequences
-    decode_slots: torch.Tensor | None  # int64 [num_decode, max_len] cache slots to gather
-    decode_mask: torch.Tensor | None  # bool [num_decode, 1, 1, max_len]
-    extends: list[tuple[int, int, torch.Tensor | None, torch.Tensor | None]]  # (q_start, q_end, slots, mask)
+    fresh: list[tuple[int, int]]  # query ranges with no cached prefix: causal attention over their own K/V
+    batches: list[_PaddedBatch]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -28,67 +40,69 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
-        k_flat[meta.slot_mapping] = k
-        v_flat[meta.slot_mapping] = v
-        plan = self._get_plan(meta, k_cache.shape[1])
+        k_flat.index_copy_(0, meta.slot_mapping, k)
+        v_flat.index_copy_(0, meta.slot_mapping, v)
+        plan = self._get_plan(meta, k_cache.shape[1], q.dtype)
         out = torch.empty_like(q)
-        if plan.num_decode:
-            out[:plan.num_decode] = self._decode(q[:plan.num_decode], k_flat, v_flat, plan, scale)
-        for start, end, slots, mask in plan.extends:
-            if slots is None:  # nothing cached before this chunk: attend to the new tokens directly
-                out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end], None, scale, causal=True)
-            else:
-                out[start:end] = _sdpa(q[start:end], k_flat[slots], v_flat[slots], mask, scale, causal=False)
+        for start, end in plan.fresh:
+            out[start:end] = _causal_sdpa(q[start:end], k[start:end], v[start:end], scale)
+        for batch in plan.batches:
+            out[batch.out_rows] = _padded_attention(q, k_flat, v_flat, batch, scale)
         return out
 
-    def _decode(self, q, k_flat, v_flat, plan: _Plan, scale: float) -> torch.Tensor:
-        keys = k_flat[plan.decode_slots].transpose(1, 2)  # [batch, kv_heads, max_len, head_dim]
-        values = v_flat[plan.decode_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=plan.decode_mask,
-                                             scale=scale, enable_gqa=True)
-        return out.squeeze(2)
-
-    def _get_plan(self, meta: AttentionMetadata, block_size: int) -> _Plan:
+    def _get_plan(self, meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> _Plan:
         if self._plan_for is not meta:
-            self._plan = _make_plan(meta, block_size)
+            self._plan = make_plan(meta, block_size, dtype)
             self._plan_for = meta
         return self._plan
 
 
-def _sdpa(q, k, v, mask, scale: float, causal: bool) -> torch.Tensor:
-    """q [n, hq, d], k/v [m, hkv, d] -> [n, hq, d]."""
+def _causal_sdpa(q, k, v, scale: float) -> torch.Tensor:
+    """q [n, hq, d], k/v [n, hkv, d] -> [n, hq, d]."""
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+                                         is_causal=True, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 
-def _slots(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    pos = torch.arange(length, device=block_table.device)
-    return block_table[pos // block_size].long() * block_size + pos % block_size
+def _padded_attention(q, k_flat, v_flat, batch: _PaddedBatch, scale: float) -> torch.Tensor:
+    """Grouped-query attention of the padded queries over gathered keys; returns the valid rows only."""
+    queries = q[batch.rows].transpose(1, 2)  # [batch, hq, max_q, d]
+    keys = k_flat[batch.slots].transpose(1, 2)  # [batch, hkv, max_len, d]
+    values = v_flat[batch.slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=batch.bias, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)[batch.valid]
 
 
-def _make_plan(meta: AttentionMetadata, block_size: int) -> _Plan:
+def make_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> _Plan:
     cu = meta.cu_seqlens_q.tolist()
     seq_lens = meta.seq_lens.tolist()
-    q_lens = [b - a for a, b in zip(cu, cu[1:])]
-    num_decode = 0
-    while num_decode < len(q_lens) and q_lens[num_decode] == 1:
-        num_decode += 1
-    decode_slots = decode_mask = None
-    if num_decode:
-        lens = meta.seq_lens[:num_decode].long()
-        max_len = max(seq_lens[:num_decode])
-        pos = torch.arange(max_len, device=lens.device)
-        tables = meta.block_tables[:num_decode].long()
-        decode_slots = torch.gather(tables, 1, (pos // block_size).expand(num_decode, -1)) * block_size + pos % block_size
-        decode_mask = (pos[None, :] < lens[:, None])[:, None, None, :]
-    extends = []
-    for i in range(num_decode, len(q_lens)):
-        start, end, total = cu[i], cu[i + 1], seq_lens[i]
-        if total == q_lens[i]:
-            extends.append((start, end, None, None))
-            continue
-        cached = total - q_lens[i]
-        mask = torch.arange(total)[None, :] <= (cached + torch.arange(q_lens[i]))[:, None]
-        extends.append((start, end, _slots(meta.block_tables[i], total, block_size), mask.to(meta.seq_lens.device)))
-    return _Plan(num_decode, decode_slots, decode_mask, extends)
+    fresh, short, long = [], [], []
+    for i, total in enumerate(seq_lens):
+        q_len = cu[i + 1] - cu[i]
+        if q_len == total:
+            fresh.append((cu[i], cu[i + 1]))
+        else:
+            (short if q_len <= MAX_BATCHED_QUERY_LEN else long).append(i)
+    groups = ([short] if short else []) + [[i] for i in long]
+    return _Plan(fresh, [_padded_batch(meta, g, cu, seq_lens, block_size, dtype) for g in groups])
+
+
+def _padded_batch(meta: AttentionMetadata, seqs: list[int], cu: list[int], seq_lens: list[int],
+                  block_size: int, dtype: torch.dtype) -> _PaddedBatch:
+    device = meta.block_tables.device
+    q_lens = torch.tensor([cu[i + 1] - cu[i] for i in seqs], device=device)
+    lens = torch.tensor([seq_lens[i] for i in seqs], device=device)
+    starts = torch.tensor([cu[i] for i in seqs], device=device)
+    max_q, max_len = int(q_lens.max()), int(lens.max())
+    qpos = torch.arange(max_q, device=device)
+    valid = qpos[None, :] < q_lens[:, None]
+    rows = torch.where(valid, starts[:, None] + qpos[None, :], 0)
+    kpos = torch.arange(max_len, device=device)
+    tables = meta.block_tables[seqs].long()
+    slots = torch.gather(tables, 1, (kpos // block_size).expand(len(seqs), -1)) * block_size + kpos % block_size
+    # Query j of a sequence sits at position (len - q_len + j) and sees keys up to and including it.
+    last_visible = (lens - q_lens)[:, None] + qpos[None, :]
+    allowed = kpos[None, None, :] <= last_visible[:, :, None]
+    allowed[:, :, 0] |= ~valid  # padding rows see one key, so their softmax stays finite
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+    return _PaddedBatch(rows, valid, rows[valid], slots, bias[:, None])
