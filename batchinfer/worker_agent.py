@@ -33,10 +33,13 @@ class WorkerAgent:
         return self
 
     def stop(self) -> None:
+        """A clean shutdown: what is queued for this worker goes to the shared queue now, and it stays
+        known as gone, so peers also drain anything the broker restores into its queue later."""
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self.registry.leave(self.state.name)
+        self.registry.drain(self.state.queue)
+        self.registry.go_silent(self.state.name)
 
     def unit_started(self, unit_id: str) -> None:
         with self._lock:

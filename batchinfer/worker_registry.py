@@ -66,9 +66,13 @@ class WorkerRegistry:
         pipe.execute()
 
     def leave(self, name: str) -> None:
-        """A clean shutdown: nothing of it needs reaping."""
+        """Forget a worker entirely (its queue must be empty: nobody drains it afterwards)."""
         self.conn.delete(self._live_key(name))
         self.conn.hdel(self._known, name)
+
+    def go_silent(self, name: str) -> None:
+        """Stop counting a worker as live now, without waiting for its key to expire."""
+        self.conn.delete(self._live_key(name))
 
     def _states(self) -> tuple[list[WorkerState], list[WorkerState]]:
         known = {k.decode(): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}

@@ -197,9 +197,12 @@ def test_agent_beats_its_state_and_steals_only_when_idle(registry):
         assert not me.busy and me.prefix_keys == ["pk"] and me.prefill_tokens_per_s == 500
         agent.tick()
         assert contents(registry, SHARED_QUEUE) == ["u2"]
+        push(registry, worker_queue("thief"), "mine")
     finally:
         agent.stop()
-    assert "thief" not in {w.name for w in registry.live() + registry.dead()}
+    assert "thief" not in {w.name for w in registry.live()}
+    assert contents(registry, worker_queue("thief")) == [] and "mine" in contents(registry, SHARED_QUEUE)
+    assert [w.name for w in registry.dead()] == ["thief"]  # peers keep draining what Redis restores later
 
 
 def test_reaper_moves_a_dead_workers_queue_and_reruns_its_units_once(registry):
