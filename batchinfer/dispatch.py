@@ -33,7 +33,7 @@ class DispatchedUnit:
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
-                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit)
+                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping)
 
 
 def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: PlannerConfig | None = None,

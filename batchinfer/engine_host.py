@@ -21,12 +21,12 @@ def _engine_config(settings: Settings):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EngineConfig(device=device)
+    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes)
 
 
 def get_generator(settings: Settings):
     """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf), loaded once per process."""
-    key = (settings.engine, settings.model, str(settings.model_cache))
+    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes)
     if key not in _generators:
         started = time.time()
         _generators[key] = _load(settings)
@@ -74,6 +74,6 @@ def _tokenizer_and_len(model: str | None, cache_dir: str):
 def tokenizer_and_context(settings: Settings):
     """The tokenizer and context length for validation, without loading the weights when no model is loaded."""
     for key, generator in _generators.items():
-        if key[1:] == (settings.model, str(settings.model_cache)):
+        if key[1:3] == (settings.model, str(settings.model_cache)):
             return generator.tokenizer, generator.max_model_len
     return _tokenizer_and_len(settings.model, str(settings.model_cache))

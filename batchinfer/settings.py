@@ -41,6 +41,8 @@ class Settings(BaseSettings):
     model_id: str = MODEL_ID
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
+    kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
+    prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
     max_requests_per_file: int = 50_000
     max_line_bytes: int = 1_000_000

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from batchinfer import service
 from batchinfer.context import AppContext
-from batchinfer.dispatch import dispatch
+from batchinfer.dispatch import DispatchedUnit, dispatch
 from batchinfer.engine_host import get_generator
 from batchinfer.routing import SHARED_QUEUE
 from batchinfer.settings import get_settings
@@ -26,13 +26,18 @@ def context() -> AppContext:
     return AppContext.create(get_settings(), migrate=False)
 
 
+def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
+    """Plan what is pending and route it on the registry's view of the live workers (enqueues nothing)."""
+    service.expire_overdue(ctx)
+    loads = registry.worker_registry(ctx.settings).loads()
+    return dispatch(ctx, [w.name for w in loads], worker_loads=loads)
+
+
 @app.task(name=DISPATCH_TASK)
 def dispatch_task() -> int:
     ctx = context()
     with registry.dispatch_lock(ctx.settings):
-        service.expire_overdue(ctx)
-        loads = registry.worker_registry(ctx.settings).loads()
-        units = dispatch(ctx, [w.name for w in loads], worker_loads=loads)
+        units = dispatch_units(ctx)
         for unit in units:
             run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
     log.info("dispatched %d units", len(units))
