@@ -11,7 +11,7 @@ import pytest
 
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
-from conftest import chat_line, completion_line
+from jobfiles import chat_line, completion_line
 from workers import registry
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from cli_helpers import batchinfer, cli_env
-from conftest import chat_line, completion_line
+from jobfiles import chat_line, completion_line
 
 COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade"]
 

@@ -5,7 +5,7 @@ from batchinfer.db.models import Request, WorkUnit
 from batchinfer.dispatch import dispatch
 from batchinfer.planner import PlannerConfig
 from batchinfer.routing import choose_queue
-from conftest import chat_line, completion_line
+from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
 
 

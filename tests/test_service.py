@@ -8,7 +8,7 @@ from batchinfer.db.models import Request
 from batchinfer.dispatch import dispatch
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
 from batchinfer.unit_runner import run_unit
-from conftest import chat_line, completion_line
+from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
 
 

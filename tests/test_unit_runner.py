@@ -4,7 +4,7 @@ from batchinfer import service, unit_runner
 from batchinfer.db.models import Request, WorkUnit
 from batchinfer.dispatch import dispatch
 from batchinfer.unit_runner import run_unit
-from conftest import completion_line
+from jobfiles import completion_line
 from jobfiles import read_output, submit_lines
 
 

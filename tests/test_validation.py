@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.validation import CODES, ValidationLimits, validate_stream
-from conftest import chat_line, completion_line
+from jobfiles import chat_line, completion_line
 
 MODEL = "smollm2-135m-instruct"
 
