@@ -81,6 +81,41 @@ def _print_job(job, as_json: bool) -> None:
         out.print(job_table(view))
 
 
+def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
+    """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
+    with --json, per work unit too."""
+    from batchinfer.prefix_report import group_figures, groups_table, unit_figures, units_json
+
+    units = unit_figures(ctx, job.id)
+    groups = group_figures(units)
+    if as_json:
+        print(json.dumps({**job_dict(job), "prefix_groups": [g.to_dict() for g in groups], "units": units_json(units)}))
+        return
+    if show_job:
+        out.print(job_table(job_dict(job)))
+    if groups:
+        out.print(groups_table(groups))
+
+
+def _print_plan(ctx, file: Path, as_json: bool) -> None:
+    """What the file would cost on the known workers, before anything runs (nothing is stored)."""
+    from batchinfer.dispatch import planner_config
+    from batchinfer.plan_preview import known_workers, plan_table, preview
+
+    workers = known_workers(ctx.settings)
+    with _open_input(file) as source:
+        estimate, report = preview(ctx, source, planner_config(ctx), workers)
+    if as_json:
+        print(json.dumps({**estimate.to_dict(), "invalid_lines": report.lines - report.valid,
+                          "errors": [e.to_dict() for e in report.errors]}))
+    else:
+        for error in report.errors:
+            err.print(f"error: {error_line(error.to_dict())}", markup=False, highlight=False)
+        out.print(plan_table(estimate))
+    if report.valid == 0 or not report.ok:
+        raise typer.Exit(EXIT_INVALID_INPUT)
+
+
 def _report_invalid(job, as_json: bool) -> None:
     if as_json:
         print(json.dumps(job_dict(job)))
@@ -116,9 +151,13 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
            metadata: list[str] = typer.Option([], "--metadata", "-m", help="key=value, repeatable"),
            completion_window: Optional[str] = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its cost estimate; submit nothing"),
            as_json: bool = typer.Option(False, "--json", help="print the job object as JSON")):
     """Submit a batch job; prints its id. Without a broker the job runs right here."""
     ctx = _context()
+    if dry_run:
+        _print_plan(ctx, file, as_json)
+        return
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid)
     if job.status == JobStatus.FAILED:
@@ -135,25 +174,50 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
 
 @app.command()
 @friendly_errors
+def plan(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
+         as_json: bool = typer.Option(False, "--json")):
+    """Requests, prompt tokens, prefix groups, expected cached tokens and run time, before anything runs."""
+    _print_plan(_context(), file, as_json)
+
+
+@app.command()
+@friendly_errors
 def status(job_id: str, watch: bool = typer.Option(False, help="refresh until the job ends"),
            as_json: bool = typer.Option(False, "--json")):
-    """Lifecycle, request counts, tokens, cache hit rate, timestamps and errors of a job."""
+    """Lifecycle, request counts, tokens, cache hit rate, timestamps, errors, and progress by prefix group."""
     ctx = _context()
-    service.expire_overdue(ctx)
-    job = service.get(ctx, job_id)
+    job = _refresh(ctx, job_id)
     if watch and not as_json:
-        with Live(job_table(job_dict(job)), console=out, refresh_per_second=2) as live:
+        with Live(_status_view(ctx, job), console=out, refresh_per_second=2) as live:
             while job.status not in JobStatus.TERMINAL:
                 time.sleep(1)
                 job = _refresh(ctx, job_id)
-                live.update(job_table(job_dict(job)))
+                live.update(_status_view(ctx, job))
     else:
         while watch and job.status not in JobStatus.TERMINAL:
             time.sleep(1)
             job = _refresh(ctx, job_id)
-        _print_job(job, as_json)
+        if as_json:
+            print(json.dumps({**job_dict(job), "prefix_groups": _prefix_report(ctx, job)}))
+        else:
+            out.print(_status_view(ctx, job))
     if job.status == JobStatus.FAILED:
         raise typer.Exit(1)
+
+
+def _prefix_report(ctx, job) -> dict:
+    from batchinfer.prefix_report import job_prefix_report
+
+    return job_prefix_report(ctx, job.id) if job.queued_at else {"groups": [], "units": []}
+
+
+def _status_view(ctx, job):
+    from rich.console import Group
+
+    from batchinfer.prefix_report import group_figures, groups_table, unit_figures
+
+    groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
+    return Group(job_table(job_dict(job)), groups_table(groups)) if groups else job_table(job_dict(job))
 
 
 def _refresh(ctx, job_id: str):
