@@ -198,17 +198,11 @@ def status(job_id: str, watch: bool = typer.Option(False, help="refresh until th
             time.sleep(1)
             job = _refresh(ctx, job_id)
         if as_json:
-            print(json.dumps({**job_dict(job), "prefix_groups": _prefix_report(ctx, job)}))
+            _print_groups(ctx, job, as_json=True)
         else:
             out.print(_status_view(ctx, job))
     if job.status == JobStatus.FAILED:
         raise typer.Exit(1)
-
-
-def _prefix_report(ctx, job) -> dict:
-    from batchinfer.prefix_report import job_prefix_report
-
-    return job_prefix_report(ctx, job.id) if job.queued_at else {"groups": [], "units": []}
 
 
 def _status_view(ctx, job):
