@@ -9,11 +9,20 @@ import socket
 
 from celery import signals
 
+from batchinfer import service
 from batchinfer.engine_host import get_generator
 from batchinfer.reaper import reap_dead_workers, running_units_of
 from batchinfer.routing import SHARED_QUEUE, worker_queue
 from batchinfer.settings import get_settings
 from batchinfer.worker_agent import WorkerAgent
+
+
+def _housekeeping(reg, ctx, requeue):
+    """Each agent tick: rerun what dead workers held, and expire jobs whose completion window passed."""
+    def tick() -> None:
+        reap_dead_workers(reg, lambda w: running_units_of(ctx.sessions, w), requeue)
+        service.expire_overdue(ctx)
+    return tick
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
@@ -28,9 +37,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
     def _ready(**_):
         get_generator(settings)  # load the model before the first unit arrives
         reg = registry.worker_registry(settings)
-        sessions = tasks.context().sessions
-        reap = lambda: reap_dead_workers(reg, lambda w: running_units_of(sessions, w), tasks.requeue_unit)  # noqa: E731
-        tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal, reap).start()
+        tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
+                                  _housekeeping(reg, tasks.context(), tasks.requeue_unit)).start()
 
     @signals.worker_shutdown.connect(weak=False)
     def _shutdown(**_):
