@@ -43,7 +43,7 @@ class LLMEngine:
     def add_request(self, req: GenerationRequest) -> None:
         if req.request_id in self.seqs:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
-        self._check_fits(req)
+        self.check_request(req)
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
                        req.arrival_time if req.arrival_time is not None else now())
         self.seqs[seq.request_id] = seq
@@ -72,6 +72,9 @@ class LLMEngine:
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Run all requests to completion; on_result sees each as it finishes, the list keeps input order."""
+        requests = list(requests)
+        for req in requests:  # refuse the batch before any of it runs
+            self.check_request(req)
         order = []
         for req in requests:
             self.add_request(req)
@@ -88,9 +91,18 @@ class LLMEngine:
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
 
+    def stats(self) -> dict[str, int]:
+        """KV cache and scheduler counters since the engine started."""
+        bm = self.block_manager
+        return {"num_blocks": bm.num_blocks, "free_blocks": len(bm.free_block_ids),
+                "cached_blocks": len(bm.cached_block_ids), "evictions": bm.num_evictions,
+                "preemptions": self.scheduler.num_preemptions, "waiting": len(self.scheduler.waiting),
+                "running": len(self.scheduler.running)}
+
     # bookkeeping -----------------------------------------------------------------------------------
 
-    def _check_fits(self, req: GenerationRequest) -> None:
+    def check_request(self, req: GenerationRequest) -> None:
+        """Raise ValueError if the request can never run here (empty, too long for the context or the KV cache)."""
         total = len(req.prompt_token_ids) + req.sampling.max_tokens
         if not req.prompt_token_ids:
             raise ValueError(f"request {req.request_id}: empty prompt")

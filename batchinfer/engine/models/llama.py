@@ -83,7 +83,7 @@ class LlamaForCausalLM:
     def _mlp(self, layer: LlamaLayer, hidden) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
         gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down_proj)
+        return F.linear(F.silu(gate, inplace=True).mul_(up), layer.down_proj)  # in place: no temporaries
 
 
 def _rope_theta(cfg) -> float:
