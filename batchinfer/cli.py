@@ -73,14 +73,6 @@ def _parse_metadata(pairs: list[str]) -> dict:
     return metadata
 
 
-def _print_job(job, as_json: bool) -> None:
-    view = job_dict(job)
-    if as_json:
-        print(json.dumps(view))
-    else:
-        out.print(job_table(view))
-
-
 def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
     with --json, per work unit too."""
