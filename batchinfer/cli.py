@@ -296,6 +296,13 @@ def db_upgrade(revision: str = typer.Argument("head")):
     err.print(f"database at {revision}: {url.split('@')[-1]}")
 
 
+from batchinfer.bench.command import bench  # noqa: E402  (registered here so the CLI stays one list of commands)
+from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+
+app.command("bench")(bench)
+app.command("bench-grouping")(bench_grouping_command)
+
+
 def main() -> None:
     app()
 
