@@ -128,8 +128,8 @@ def no_sharing(tokenizer, requests: int = 32, max_tokens: int = 40, seed: int = 
 
 def long_decode(tokenizer, requests: int = 4, max_tokens: int = 128, seed: int = 0) -> Workload:
     rng = random.Random(seed + 2)
-    topics = rng.sample(_TOPICS, len(_TOPICS))
-    prompts = [_encode_chat(tokenizer, f"{_ROLES[i % len(_ROLES)]} {i}: you write long, detailed answers.",
+    roles, topics = rng.sample(_ROLES, len(_ROLES)), rng.sample(_TOPICS, len(_TOPICS))
+    prompts = [_encode_chat(tokenizer, f"{roles[i % len(roles)]} {i}: you write long, detailed answers.",
                             f"Write a detailed essay about {topics[i % len(topics)]}.") for i in range(requests)]
     return Workload("long-decode", prompts, max_tokens, "a few prompts, long outputs")
 
