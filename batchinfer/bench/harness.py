@@ -63,13 +63,14 @@ def _measure(runner, workload: Workload, warm: Workload, options: BenchOptions) 
 
 
 def run_bench(options: BenchOptions, progress=None) -> dict:
-    workloads = build_workloads(options)
+    machine, workloads = machine_info(), build_workloads(options)
     systems = []
     for system in options.systems:
         if progress:
             progress(f"running {system} on {', '.join(options.workloads)}")
         systems.append(_run_isolated(system, options) if options.isolate else run_system(system, options))
-    return {"machine": machine_info(), "options": options.to_dict(), "command": _command_line(),
+    machine["finished_utc"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return {"machine": machine, "options": options.to_dict(), "command": _command_line(),
             "workloads": {w.name: w.stats() for w in workloads}, "systems": systems,
             "runs": [run["summary"] for s in systems for run in s["runs"]]}
 
