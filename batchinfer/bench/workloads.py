@@ -45,7 +45,7 @@ class Workload:
         return _common_prefix(self.prompts)
 
     def max_pairwise_prefix_tokens(self) -> int:
-        return max((_lcp(a, b) for i, a in enumerate(self.prompts) for b in self.prompts[i + 1:]), default=0)
+        return max((common_prefix_len(a, b) for i, a in enumerate(self.prompts) for b in self.prompts[i + 1:]), default=0)
 
     def stats(self) -> dict:
         lengths = [len(p) for p in self.prompts]
@@ -55,7 +55,7 @@ class Workload:
                 "max_pairwise_prefix_tokens": self.max_pairwise_prefix_tokens(), "description": self.description}
 
 
-def _lcp(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -65,7 +65,7 @@ def _lcp(a: list[int], b: list[int]) -> int:
 
 
 def _common_prefix(prompts: list[list[int]]) -> int:
-    return min((_lcp(prompts[0], p) for p in prompts[1:]), default=len(prompts[0]) if prompts else 0)
+    return min((common_prefix_len(prompts[0], p) for p in prompts[1:]), default=len(prompts[0]) if prompts else 0)
 
 
 def _encode_chat(tokenizer, system: str, user: str) -> list[int]:
@@ -97,7 +97,7 @@ def _doc_user(document: str, question: str) -> str:
 def _shared_len(tokenizer, system: str, document: str) -> int:
     a = _encode_chat(tokenizer, system, _doc_user(document, "Which label fits?"))
     b = _encode_chat(tokenizer, system, _doc_user(document, "Pick one label."))
-    return _lcp(a, b)
+    return common_prefix_len(a, b)
 
 
 def shared_prefix(tokenizer, requests: int = 32, max_tokens: int = 8, seed: int = 0,

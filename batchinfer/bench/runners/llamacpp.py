@@ -6,7 +6,7 @@ import time
 from ...engine.loader import default_model_path, resolve_model_dir
 from ..flops import ModelShape
 from ..metrics import PhaseStats, RequestRecord
-from ..workloads import Workload
+from ..workloads import Workload, common_prefix_len
 from .base import Runner, SystemUnavailable, failed_record, sequential_phases
 
 
@@ -40,7 +40,7 @@ class LlamaCppRunner(Runner):
     def _one(self, rid: str, prompt: list[int], max_tokens: int, arrival: float, start: float) -> RequestRecord:
         # llama-cpp-python keeps the previous request's KV and re-evaluates only past the common prefix
         # (it always recomputes the last prompt token); that reuse is this system's prefix cache.
-        reused = _lcp(list(self.llm._input_ids[:self.llm.n_tokens]), prompt[:-1])
+        reused = common_prefix_len(list(self.llm._input_ids[:self.llm.n_tokens]), prompt[:-1])
         times = []
         for _ in self.llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
             times.append(time.time())
@@ -48,11 +48,3 @@ class LlamaCppRunner(Runner):
                 break
         return RequestRecord(rid, len(prompt), len(times), arrival, start, times[0], times[-1], cached_tokens=reused)
 
-
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
