@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..engine.types import time_per_output_token
+
 
 @dataclass
 class RequestRecord:
@@ -25,8 +27,7 @@ class RequestRecord:
 
     @property
     def tpot_s(self) -> float:
-        n = self.output_tokens
-        return (self.last_token_time - self.first_token_time) / (n - 1) if n > 1 else 0.0
+        return time_per_output_token(self.first_token_time, self.last_token_time, self.output_tokens)
 
     @property
     def e2e_s(self) -> float:

@@ -66,12 +66,16 @@ class GenerationResult:
 
     @property
     def tpot_s(self) -> float:
-        n = self.completion_tokens
-        return (self.last_token_time - self.first_token_time) / (n - 1) if n > 1 else 0.0
+        return time_per_output_token(self.first_token_time, self.last_token_time, self.completion_tokens)
 
     @property
     def e2e_s(self) -> float:
         return self.last_token_time - self.arrival_time
+
+
+def time_per_output_token(first_token_time: float, last_token_time: float, output_tokens: int) -> float:
+    """TPOT as the seed defines it: (last - first token time) / (n - 1); 0 for a single token."""
+    return (last_token_time - first_token_time) / (output_tokens - 1) if output_tokens > 1 else 0.0
 
 
 def now() -> float:
