@@ -32,7 +32,7 @@ def model_cache() -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer(model_cache):
-    from batchinfer.engine_host import _tokenizer_and_len
+    from batchinfer.jobs.tokenizer import _tokenizer_and_len
 
     return _tokenizer_and_len(None, model_cache)[0]
 
@@ -201,7 +201,7 @@ def make_context(make_settings):
 @pytest.fixture(scope="session")
 def generator(model_cache):
     """The real engine, loaded once for the session (the same one workers and `batchinfer run` use)."""
-    from batchinfer.engine_host import get_generator
+    from batchinfer.runtime.engine_host import get_generator
     from batchinfer.settings import Settings
 
     return get_generator(Settings(model_cache=model_cache))

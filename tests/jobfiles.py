@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import json
 
-from batchinfer import service
+from batchinfer.jobs import service
 
 
 def submit_lines(ctx, lines: list[str], **kwargs):

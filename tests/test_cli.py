@@ -102,7 +102,7 @@ def test_errors_are_one_line_with_distinct_exit_codes(tmp_path, env):
 def test_every_command_has_help(command):
     from typer.testing import CliRunner
 
-    from batchinfer.cli import app
+    from batchinfer.cli.app import app
 
     result = CliRunner().invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0 and "Usage" in result.output

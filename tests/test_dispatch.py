@@ -1,10 +1,10 @@
 from sqlalchemy import select
 
-from batchinfer import service
+from batchinfer.jobs import service
 from batchinfer.db.models import Request, WorkUnit
-from batchinfer.dispatch import dispatch
+from batchinfer.runtime.dispatch import dispatch
 from batchinfer.planner import PlannerConfig
-from batchinfer.routing import choose_queue
+from batchinfer.cluster.routing import choose_queue
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
 

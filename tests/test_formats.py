@@ -1,4 +1,4 @@
-from batchinfer import formats
+from batchinfer.jobs import formats
 from batchinfer.engine.types import GenerationResult
 
 

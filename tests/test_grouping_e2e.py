@@ -16,8 +16,8 @@ from collections import defaultdict
 import pytest
 import redis
 
-from batchinfer.prefix_report import job_prefix_report
-from batchinfer.routing import worker_queue
+from batchinfer.jobs.reports import job_prefix_report
+from batchinfer.cluster.routing import worker_queue
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -63,7 +63,7 @@ class Cluster:
         return AppContext.create(self.settings, migrate=True)
 
     def registry(self):
-        from batchinfer.worker_registry import WorkerRegistry
+        from batchinfer.cluster.registry import WorkerRegistry
 
         return WorkerRegistry(redis.Redis.from_url(self.settings.broker_url), self.settings.broker_prefix)
 
@@ -104,18 +104,18 @@ class Cluster:
             conn.delete(key)
 
     def submit(self, ctx, files: list[bytes]) -> list[str]:
-        from batchinfer import service
+        from batchinfer.jobs import service
         from workers.celery_app import make_app
         from workers.tasks import DISPATCH_TASK
 
-        from batchinfer.routing import SHARED_QUEUE
+        from batchinfer.cluster.routing import SHARED_QUEUE
 
         ids = [service.submit(ctx, io.BytesIO(data), f"job{n}.jsonl").id for n, data in enumerate(files)]
         make_app(self.settings).send_task(DISPATCH_TASK, queue=SHARED_QUEUE)  # one dispatch plans all jobs together
         return ids
 
     def wait_done(self, ctx, job_ids: list[str], timeout: float = 240) -> list:
-        from batchinfer import service
+        from batchinfer.jobs import service
         from batchinfer.db.models import JobStatus
 
         deadline = time.time() + timeout
@@ -151,7 +151,7 @@ def units_of(ctx):
 
 
 def outputs(ctx, job_id: str) -> list[dict]:
-    from batchinfer import service
+    from batchinfer.jobs import service
 
     buf = io.BytesIO()
     service.download(ctx, job_id, buf)
@@ -232,7 +232,7 @@ def test_plan_prints_requests_tokens_groups_and_expected_cache_before_anything_r
                                                                                      monkeypatch):
     from typer.testing import CliRunner
 
-    from batchinfer.cli import app
+    from batchinfer.cli.app import app
     from batchinfer.settings import get_settings
 
     rng = random.Random(2)

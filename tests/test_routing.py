@@ -8,11 +8,11 @@ import uuid
 import pytest
 import redis
 
-from batchinfer.reaper import reap_dead_workers, running_units_of
-from batchinfer.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
+from batchinfer.cluster.reaper import reap_dead_workers, running_units_of
+from batchinfer.cluster.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
                                 worker_queue)
-from batchinfer.worker_agent import WorkerAgent
-from batchinfer.worker_registry import WorkerRegistry, WorkerState
+from batchinfer.cluster.agent import WorkerAgent
+from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -3,11 +3,11 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from batchinfer import service
+from batchinfer.jobs import service
 from batchinfer.db.models import Request
-from batchinfer.dispatch import dispatch
+from batchinfer.runtime.dispatch import dispatch
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
-from batchinfer.unit_runner import run_unit
+from batchinfer.runtime.unit_runner import run_unit
 from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
 

@@ -1,9 +1,11 @@
 from sqlalchemy import select
 
-from batchinfer import service, unit_runner
+from batchinfer.jobs import service
+
+from batchinfer.runtime import unit_runner
 from batchinfer.db.models import Request, WorkUnit
-from batchinfer.dispatch import dispatch
-from batchinfer.unit_runner import run_unit
+from batchinfer.runtime.dispatch import dispatch
+from batchinfer.runtime.unit_runner import run_unit
 from jobfiles import completion_line
 from jobfiles import read_output, submit_lines
 

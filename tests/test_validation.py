@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.validation import CODES, ValidationLimits, validate_stream
+from batchinfer.jobs.validation import CODES, ValidationLimits, validate_stream
 from jobfiles import chat_line, completion_line
 
 MODEL = "smollm2-135m-instruct"

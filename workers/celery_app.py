@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from batchinfer.routing import SHARED_QUEUE
+from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.settings import Settings, get_settings
 
 

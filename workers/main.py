@@ -9,12 +9,12 @@ import socket
 
 from celery import signals
 
-from batchinfer import service
-from batchinfer.engine_host import get_generator
-from batchinfer.reaper import reap_dead_workers, running_units_of
-from batchinfer.routing import SHARED_QUEUE, worker_queue
+from batchinfer.jobs import service
+from batchinfer.runtime.engine_host import get_generator
+from batchinfer.cluster.reaper import reap_dead_workers, running_units_of
+from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
 from batchinfer.settings import get_settings
-from batchinfer.worker_agent import WorkerAgent
+from batchinfer.cluster.agent import WorkerAgent
 
 
 def _housekeeping(reg, ctx, requeue):

@@ -1,10 +1,10 @@
-"""The worker registry in Redis (batchinfer.worker_registry) as this deployment configures it, and the dispatch lock."""
+"""The worker registry in Redis (batchinfer.cluster.registry) as this deployment configures it, and the dispatch lock."""
 from __future__ import annotations
 
 import redis
 
 from batchinfer.settings import Settings
-from batchinfer.worker_registry import WorkerRegistry
+from batchinfer.cluster.registry import WorkerRegistry, open_registry
 
 
 def client(settings: Settings) -> redis.Redis:
@@ -12,7 +12,7 @@ def client(settings: Settings) -> redis.Redis:
 
 
 def worker_registry(settings: Settings) -> WorkerRegistry:
-    return WorkerRegistry(client(settings), settings.broker_prefix, ttl_s=settings.worker_ttl_s)
+    return open_registry(settings)
 
 
 def live_workers(settings: Settings) -> list[str]:

@@ -5,18 +5,18 @@ import logging
 import time
 from functools import lru_cache
 
-from batchinfer import service
+from batchinfer.jobs import service
 from batchinfer.context import AppContext
-from batchinfer.dispatch import DispatchedUnit, dispatch
-from batchinfer.engine_host import get_generator
-from batchinfer.routing import SHARED_QUEUE
+from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
+from batchinfer.runtime.engine_host import get_generator
+from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.settings import get_settings
-from batchinfer.unit_runner import run_unit
+from batchinfer.runtime.unit_runner import run_unit
 from workers import registry
 from workers.celery_app import app
 
 log = logging.getLogger(__name__)
-DISPATCH_TASK = "batchinfer.dispatch"
+DISPATCH_TASK = "batchinfer.runtime.dispatch"
 RUN_UNIT_TASK = "batchinfer.run_unit"
 agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
 

@@ -191,7 +191,7 @@ def _start_worker(settings, name: str, threads: int, data_dir: Path) -> subproce
 def _registry(settings):
     import redis
 
-    from batchinfer.worker_registry import WorkerRegistry
+    from batchinfer.cluster.registry import WorkerRegistry
 
     return WorkerRegistry(redis.Redis.from_url(settings.broker_url), key_prefix=settings.broker_prefix)
 
@@ -210,7 +210,7 @@ def _wait_live(settings, names: list[str], procs, timeout: float) -> None:
 
 def _submit_and_dispatch(ctx, jobs: list[str]) -> list[str]:
     """All jobs submitted at once, then one dispatch plans them together (as the dispatch task does)."""
-    from batchinfer import service
+    from batchinfer.jobs import service
     from workers.celery_app import make_app
     from workers.tasks import RUN_UNIT_TASK, dispatch_units
 
@@ -222,7 +222,7 @@ def _submit_and_dispatch(ctx, jobs: list[str]) -> list[str]:
 
 
 def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) -> None:
-    from batchinfer import service
+    from batchinfer.jobs import service
     from batchinfer.db.models import JobStatus
 
     last = None
@@ -241,10 +241,10 @@ def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) ->
 def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingBenchOptions) -> ModeResult:
     from sqlalchemy import select
 
-    from batchinfer import keys, service
+    from batchinfer.jobs import keys, service
     from batchinfer.db.models import WorkUnit
     from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan
-    from batchinfer.validation import PreparedRequest
+    from batchinfer.jobs.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
     pending = []

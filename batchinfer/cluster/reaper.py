@@ -10,7 +10,7 @@ from typing import Callable
 from sqlalchemy import select
 
 from batchinfer.db.models import UnitStatus, WorkUnit
-from batchinfer.worker_registry import WorkerRegistry
+from batchinfer.cluster.registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
 

@@ -7,15 +7,15 @@ from typing import BinaryIO
 
 from sqlalchemy import delete, exists, insert, select, update
 
-from batchinfer import formats, keys
-from batchinfer.assembly import assemble
+from batchinfer.jobs import formats, keys
+from batchinfer.jobs.assembly import assemble
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import transaction
-from batchinfer.engine_host import tokenizer_and_context
+from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
-from batchinfer.settings import parse_duration
-from batchinfer.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
+from batchinfer.settings import Settings, parse_duration
+from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
 FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
@@ -47,8 +47,7 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     return _after_validation(ctx, job.id, report)
 
 
-def _limits(ctx: AppContext, max_model_len: int) -> ValidationLimits:
-    s = ctx.settings
+def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
     return ValidationLimits(model_id=s.model_id, max_model_len=max_model_len, max_requests=s.max_requests_per_file,
                             max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
                             default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept)
@@ -73,7 +72,7 @@ def _validate(ctx: AppContext, job: Job) -> ValidationReport:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
 
-        report = validate_stream(source, tokenizer, _limits(ctx, max_model_len), on_valid, on_invalid)
+        report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, on_invalid)
         if rows:
             session.execute(insert(Request), rows)
     return report

@@ -14,7 +14,7 @@ from typing import Callable
 
 from sqlalchemy import bindparam, select, update
 
-from batchinfer import formats, keys, service
+from batchinfer.jobs import formats, keys, service
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import transaction

@@ -13,14 +13,14 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import bindparam, distinct, func, select, update
 
-from batchinfer import keys
+from batchinfer.jobs import keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import transaction
 from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_priorities
-from batchinfer.routing import WorkerLoad, choose_queue, route_units
-from batchinfer.validation import PreparedRequest
+from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
+from batchinfer.jobs.validation import PreparedRequest
 
 
 @dataclass(frozen=True)

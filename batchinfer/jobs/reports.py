@@ -123,14 +123,3 @@ def unit_summary(ctx: AppContext, unit_id: str) -> tuple[str, int]:
                 prompt, completion, cached = json.loads(raw)["tokens"]
                 work += prompt - cached + completion
     return unit.prefix_key, work
-
-
-def groups_table(groups: list[GroupFigures]):
-    from rich.table import Column, Table
-
-    table = Table(Column("prefix group", no_wrap=True), "shared tokens", "requests", "units", "cached / prompt tokens", "hit rate", "workers",
-                  title="progress by prefix group")
-    for g in groups:
-        table.add_row(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
-                      f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-")
-    return table

@@ -7,7 +7,7 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from batchinfer import formats, keys
+from batchinfer.jobs import formats, keys
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
 from batchinfer.storage import Storage
 

@@ -7,9 +7,9 @@ from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import UnitStatus, WorkUnit
-from batchinfer.dispatch import dispatch
-from batchinfer.engine_host import get_generator
-from batchinfer.unit_runner import UnitOutcome, run_unit
+from batchinfer.runtime.dispatch import dispatch
+from batchinfer.runtime.engine_host import get_generator
+from batchinfer.runtime.unit_runner import UnitOutcome, run_unit
 
 EMBEDDED_WORKER = "embedded"
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import redis
 
 from batchinfer.planner.fairness import PRIORITY_STEPS
-from batchinfer.routing import SHARED_QUEUE, WorkerLoad, worker_queue
+from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, worker_queue
 
 MAX_PREFIX_KEYS = 32
 KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
@@ -134,3 +134,8 @@ class WorkerRegistry:
 
     def forget(self, name: str) -> None:
         self.conn.hdel(self._known, name)
+
+
+def open_registry(settings) -> WorkerRegistry:
+    """The registry as these settings configure it (broker URL, key prefix, heartbeat TTL)."""
+    return WorkerRegistry(redis.Redis.from_url(settings.broker_url), settings.broker_prefix, ttl_s=settings.worker_ttl_s)

@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from batchinfer import service
+from batchinfer.jobs import service
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError
-from batchinfer.job_view import error_line, job_dict, job_table, jobs_table
+from batchinfer.cli.render import error_line, job_dict, job_table, jobs_table
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
@@ -76,7 +76,8 @@ def _parse_metadata(pairs: list[str]) -> dict:
 def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
     with --json, per work unit too."""
-    from batchinfer.prefix_report import group_figures, groups_table, unit_figures, units_json
+    from batchinfer.cli.render import groups_table
+    from batchinfer.jobs.reports import group_figures, unit_figures, units_json
 
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
@@ -91,8 +92,9 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
 
 def _print_plan(ctx, file: Path, as_json: bool) -> None:
     """What the file would cost on the known workers, before anything runs (nothing is stored)."""
-    from batchinfer.dispatch import planner_config
-    from batchinfer.plan_preview import known_workers, plan_table, preview
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.cli.render import known_workers, plan_table
+    from batchinfer.runtime.preview import preview
 
     workers = known_workers(ctx.settings)
     with _open_input(file) as source:
@@ -127,7 +129,7 @@ def _open_input(path: Path):
 
 
 def _run_in_process(ctx, job, quiet: bool = False) -> None:
-    from batchinfer.embedded import run_pending
+    from batchinfer.runtime.embedded import run_pending
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
@@ -200,7 +202,8 @@ def status(job_id: str, watch: bool = typer.Option(False, help="refresh until th
 def _status_view(ctx, job):
     from rich.console import Group
 
-    from batchinfer.prefix_report import group_figures, groups_table, unit_figures
+    from batchinfer.cli.render import groups_table
+    from batchinfer.jobs.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
     return Group(job_table(job_dict(job)), groups_table(groups)) if groups else job_table(job_dict(job))
@@ -306,6 +309,3 @@ app.command("bench-grouping")(bench_grouping_command)
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    sys.exit(main())

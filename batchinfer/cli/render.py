@@ -5,7 +5,11 @@ from datetime import datetime, timezone
 
 from rich.table import Column, Table
 
+from batchinfer.cluster.registry import WorkerState
 from batchinfer.db.models import Job
+from batchinfer.jobs.reports import GroupFigures
+from batchinfer.planner import PlanEstimate
+from batchinfer.settings import Settings
 
 TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
@@ -68,4 +72,35 @@ def jobs_table(views: list[dict]) -> Table:
     for v in views:
         c = v["request_counts"]
         table.add_row(v["id"], v["status"], str(c["completed"]), str(c["failed"]), str(c["total"]), _when(v["created_at"]))
+    return table
+
+
+def plan_table(est: PlanEstimate) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_row("requests", str(est.requests))
+    table.add_row("prompt tokens", str(est.prompt_tokens))
+    table.add_row("max new tokens", str(est.max_new_tokens))
+    table.add_row("prefix groups", str(est.prefix_groups))
+    table.add_row("expected cached tokens", f"{est.expected_cached_tokens} ({est.expected_hit_rate:.1%} of prompt tokens)")
+    table.add_row("work units", str(est.units))
+    run = f"{est.estimated_run_s:.0f} s" if est.estimated_run_s is not None else "unknown"
+    table.add_row("estimated run time", f"{run} on {est.workers} worker(s) (upper bound: every request runs to max_tokens)")
+    return table
+
+
+def known_workers(settings: Settings) -> list[WorkerState]:
+    """The live workers with their measured rates; in embedded mode, this process."""
+    if settings.embedded:
+        return [WorkerState("embedded")]
+    from batchinfer.cluster.registry import open_registry
+
+    return open_registry(settings).live()
+
+
+def groups_table(groups: list[GroupFigures]):
+    table = Table(Column("prefix group", no_wrap=True), "shared tokens", "requests", "units", "cached / prompt tokens", "hit rate", "workers",
+                  title="progress by prefix group")
+    for g in groups:
+        table.add_row(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
+                      f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-")
     return table

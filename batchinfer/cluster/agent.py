@@ -8,8 +8,8 @@ from typing import Callable
 
 import redis
 
-from batchinfer.routing import SHARED_QUEUE
-from batchinfer.worker_registry import WorkerRegistry, WorkerState
+from batchinfer.cluster.routing import SHARED_QUEUE
+from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
 

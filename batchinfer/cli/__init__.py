@@ -1,0 +1,3 @@
+from batchinfer.cli.app import app
+
+__all__ = ["app"]

@@ -1,0 +1,47 @@
+"""The tokenizer and context length that validation needs, without loading the model's weights."""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from batchinfer.settings import Settings
+
+# Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
+_loaded: dict[tuple, tuple] = {}
+
+
+def remember_tokenizer(settings: Settings, tokenizer, max_model_len: int) -> None:
+    _loaded[(settings.model, str(settings.model_cache))] = (tokenizer, max_model_len)
+
+
+class _LazyTokenizer:
+    """Loads the tokenizer (and transformers, and torch) on first use: a file that fails early never pays for it."""
+
+    def __init__(self, folder: Path):
+        self._folder = folder
+        self._tokenizer = None
+
+    def __getattr__(self, name: str):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+        return getattr(self._tokenizer, name)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer_and_len(model: str | None, cache_dir: str):
+    from batchinfer.engine.loader import resolve_model_dir
+
+    folder = resolve_model_dir(model, cache_dir)
+    config = json.loads((folder / "config.json").read_text())
+    return _LazyTokenizer(folder), int(config.get("max_position_embeddings", 8192))
+
+
+def tokenizer_and_context(settings: Settings):
+    """The tokenizer and context length for validation, without loading the weights when no model is loaded."""
+    loaded = _loaded.get((settings.model, str(settings.model_cache)))
+    if loaded is not None:
+        return loaded
+    return _tokenizer_and_len(settings.model, str(settings.model_cache))
