@@ -210,8 +210,7 @@ def _status_view(ctx, job):
 
 
 def _refresh(ctx, job_id: str):
-    service.expire_overdue(ctx)
-    return service.get(ctx, job_id)
+    return service.get(ctx, job_id)  # expiry and the rest are the sweep's (workers, or `batchinfer run`)
 
 
 @app.command("list")

@@ -74,6 +74,8 @@ class Job(Base):
     expired_at: Mapped[float | None] = mapped_column(Float)
     cancelling_at: Mapped[float | None] = mapped_column(Float)
     cancelled_at: Mapped[float | None] = mapped_column(Float)
+    finalize_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    finalize_after: Mapped[float | None] = mapped_column(Float)  # a FINALIZING job may be retried from then on
 
 
 class Request(Base):
@@ -106,6 +108,9 @@ class WorkUnit(Base):
     result_key: Mapped[str | None] = mapped_column(String(512))  # set by the run that won the commit fence
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(256))
+    incarnation: Mapped[str | None] = mapped_column(String(64))  # the worker process that runs it now
+    dispatched_at: Mapped[float | None] = mapped_column(Float)  # last time a message for it was sent
+    last_error: Mapped[str | None] = mapped_column(String(1024))  # why its last run did not commit
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)

@@ -1,14 +1,14 @@
-"""The job service: submit, status, list, cancel, expire, finalize and download batch jobs."""
+"""The job service: submit, status, list, cancel and download batch jobs (periodic steps: jobs.lifecycle)."""
 from __future__ import annotations
 
 import time
 import uuid
 from typing import BinaryIO
 
-from sqlalchemy import delete, exists, insert, select, update
+from sqlalchemy import delete, insert, select
 
 from batchinfer.jobs import formats, keys
-from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.lifecycle import close_unstarted, try_finalize
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import transaction
@@ -18,7 +18,6 @@ from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
-FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
 
 
 def new_job_id() -> str:
@@ -121,49 +120,9 @@ def cancel(ctx: AppContext, job_id: str, now: float | None = None) -> Job:
         if job.status in JobStatus.TERMINAL or job.status == JobStatus.CANCELLING:
             raise BatchInferError(f"job {job_id} is already {job.status}")
         job.status, job.cancelling_at = JobStatus.CANCELLING, now
-        _close_unstarted(session, job_id, RequestStatus.CANCELLED)
-    try_finalize(ctx, job_id)
+        close_unstarted(session, job_id, RequestStatus.CANCELLED)
+    try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it
     return get(ctx, job_id)
-
-
-def _close_unstarted(session, job_id: str, status: str) -> int:
-    result = session.execute(update(Request).where(Request.job_id == job_id,
-                                                   Request.status.in_(RequestStatus.UNSTARTED)).values(status=status))
-    session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + result.rowcount))
-    return result.rowcount
-
-
-def expire_overdue(ctx: AppContext, now: float | None = None) -> list[str]:
-    """Jobs past their completion window: unstarted requests become batch_expired, finished ones are kept."""
-    now = now or time.time()
-    with transaction(ctx.sessions) as session:
-        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)))
-        for job_id in overdue:
-            _close_unstarted(session, job_id, RequestStatus.EXPIRED)
-    for job_id in overdue:
-        try_finalize(ctx, job_id)
-    return overdue
-
-
-def try_finalize(ctx: AppContext, job_id: str) -> bool:
-    """Assemble the files once no request is open; the status fence lets only one caller do it."""
-    now = time.time()
-    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
-    with transaction(ctx.sessions) as session:
-        won = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(FINALIZABLE), ~open_requests)
-                              .values(status=JobStatus.FINALIZING, finalizing_at=now)
-                              .returning(Job.cancelling_at)).first()
-    if won is None:
-        return False
-    with transaction(ctx.sessions) as session:
-        output_key, error_key = assemble(session, ctx.storage, job_id)
-        expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
-        job = session.get(Job, job_id)
-        job.output_key, job.error_key = output_key, error_key
-        final = JobStatus.CANCELLED if won.cancelling_at else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
-        job.status = final
-        setattr(job, f"{final}_at", time.time())
-    return True
 
 
 def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = False) -> bool:
