@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error)
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
+    webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
+    webhook_timeout_s: float = 10.0  # one POST to a receiver
+    webhook_backoff_s: float = 10.0  # first retry after this, doubling
+    webhook_max_backoff_s: float = 3600.0
+    webhook_max_age_s: float = 86400.0  # an event not acknowledged within this is given up
+    webhook_poll_s: float = 2.0  # how often a worker delivers what is due
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts")

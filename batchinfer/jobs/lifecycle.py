@@ -16,6 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.webhook_events import record_final
 
 log = logging.getLogger(__name__)
 FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
@@ -137,6 +138,7 @@ def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) 
     final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
     job.status = final
     setattr(job, f"{final}_at", time.time())
+    record_final(session, job)
 
 
 def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
@@ -148,6 +150,7 @@ def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Excep
         job.status, job.failed_at, job.finalize_after = JobStatus.FAILED, time.time(), None
         job.errors = [*(job.errors or []), {"line": None, "code": "server_error", "param": None,
                                             "message": f"could not assemble the results: {cause}"}]
+        record_final(session, job)
         return
     first, cap = FINALIZE_BACKOFF_S
     delay = min(first * 2 ** (attempts - 1), cap)
