@@ -66,9 +66,15 @@ class Settings(BaseSettings):
     webhook_max_backoff_s: float = 3600.0
     webhook_max_age_s: float = 86400.0  # an event not acknowledged within this is given up
     webhook_poll_s: float = 2.0  # how often a worker delivers what is due
+    validation_stale_s: float = 900.0  # a batch `validating` this long (its validation lost) is validated by the sweep
+    max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
+    api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
+    api_key: str | None = None  # the CLI's key for api_url
+    api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
-                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts")
+                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
+                     "max_active_batches_per_owner")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:

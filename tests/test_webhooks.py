@@ -118,3 +118,21 @@ def test_a_receiver_that_never_answers_is_given_up_after_max_age(pg_context, rec
 def test_a_bad_webhook_url_is_refused_at_submit(pg_context):
     with pytest.raises(InvalidRequest, match="invalid webhook URL"):
         submit_lines(pg_context(), [completion_line("a", "x")], metadata={"webhook_url": "file:///etc/passwd"})
+
+
+def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_context, receiver):
+    import io
+
+    from batchinfer.jobs import tenants
+
+    ctx = pg_context()
+    key, _ = tenants.create_key(ctx, "team", webhook_url=receiver.url)
+    job = service.create_job(ctx, owner_id=key.id)
+    ctx.storage.upload(job.input_key, io.BytesIO(b"{oops\n"))
+    assert service.validate_job(ctx, job.id).status == JobStatus.FAILED
+    assert deliver_due(ctx) == 1
+    (got,) = receiver.received
+    verify(key.webhook_secret, got.headers, got.body)
+    assert json.loads(got.body)["type"] == "batch.failed"
+    with pytest.raises(Exception):
+        verify(SECRET, got.headers, got.body)  # the server's secret is not the key's

@@ -30,18 +30,52 @@ class JobSweep:
     expired: list[str] = field(default_factory=list)
     cancelled_requests: int = 0
     finalized: list[str] = field(default_factory=list)
+    revalidated: list[str] = field(default_factory=list)
 
 
 def sweep_jobs(ctx: AppContext, now: float | None = None) -> JobSweep:
     """One pass over every job that may need a step without anyone asking for it."""
     now = now or time.time()
     swept = JobSweep()
+    swept.revalidated = recover_validating(ctx, now)
     swept.expired = expire_overdue(ctx, now)
     swept.cancelled_requests = close_cancelled(ctx)
     for job_id in _finalizable(ctx) + _finalize_retries(ctx, now):
         if try_finalize(ctx, job_id):
             swept.finalized.append(job_id)
     return swept
+
+
+def recover_validating(ctx: AppContext, now: float) -> list[str]:
+    """Batches stuck in `validating` (a submit that crashed, a validation message lost) are validated here,
+    from the start; validation is idempotent, so a slow one that is still going only repeats work."""
+    from batchinfer.jobs.service import validate_job  # the service builds on this module
+
+    stale = now - ctx.settings.validation_stale_s
+    with ctx.sessions() as session:
+        job_ids = list(session.scalars(select(Job.id).where(Job.status == JobStatus.VALIDATING, Job.created_at < stale)
+                                       .order_by(Job.created_at).limit(10)))
+    recovered = []
+    for job_id in job_ids:
+        try:
+            validate_job(ctx, job_id)
+            recovered.append(job_id)
+        except FileNotFoundError:  # its input never reached storage: nothing can run
+            _fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
+        except Exception as exc:
+            log.warning("revalidating %s failed: %s", job_id, str(exc)[:300])
+    return recovered
+
+
+def _fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+    def work(session) -> None:
+        failed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
+            status=JobStatus.FAILED, failed_at=time.time(), error_count=1,
+            errors=[{"code": "server_error", "line": None, "param": None, "message": message}]))
+        if failed.rowcount:
+            record_final(session, session.get(Job, job_id, populate_existing=True))
+
+    retrying(ctx.sessions, work)
 
 
 def close_unstarted(session, job_id: str, status: str) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import WebhookEvent, WebhookStatus
+from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
 from batchinfer.db.session import transaction
 from batchinfer.jobs.webhook_signing import headers
 
@@ -54,6 +54,13 @@ def claim_due(ctx: AppContext, now: float, limit: int = CLAIM_BATCH) -> list[Cla
 
 
 def signing_secret(ctx: AppContext, owner_id: str | None) -> str | None:
+    """The owning key's secret; the server's (BATCHINFER_WEBHOOK_SECRET) for a batch no key owns or a key
+    that has none (a batch-level webhook_url of a key made without --webhook)."""
+    if owner_id is not None:
+        with ctx.sessions() as session:
+            key = session.get(ApiKey, owner_id)
+        if key is not None and key.webhook_secret:
+            return key.webhook_secret
     return ctx.settings.webhook_secret
 
 

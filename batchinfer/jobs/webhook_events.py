@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
-from batchinfer.db.models import Job, JobStatus, WebhookEvent, WebhookStatus
+from batchinfer.db.models import ApiKey, Job, JobStatus, WebhookEvent, WebhookStatus
 from batchinfer.errors import InvalidRequest
 
 METADATA_KEY = "webhook_url"  # a batch's own receiver, in its metadata; it wins over its key's
@@ -35,7 +35,12 @@ def event_body(job: Job, now: float) -> str:
 
 
 def receiver_url(session: Session, job: Job) -> str | None:
-    return (job.metadata_ or {}).get(METADATA_KEY) or None
+    """The batch's own webhook_url (metadata), else its key's, else none."""
+    url = (job.metadata_ or {}).get(METADATA_KEY)
+    if not url and job.owner_id:
+        key = session.get(ApiKey, job.owner_id)
+        url = key.webhook_url if key is not None else None
+    return url or None
 
 
 def record_final(session: Session, job: Job, now: float | None = None) -> WebhookEvent | None:
@@ -44,7 +49,7 @@ def record_final(session: Session, job: Job, now: float | None = None) -> Webhoo
     if not url or job.status not in EVENT_TYPES:
         return None
     now = time.time() if now is None else now
-    event = WebhookEvent(id=event_id(job.id), job_id=job.id, owner_id=getattr(job, "owner_id", None),
+    event = WebhookEvent(id=event_id(job.id), job_id=job.id, owner_id=job.owner_id,
                          type=EVENT_TYPES[job.status], url=url, body=event_body(job, now),
                          status=WebhookStatus.PENDING, attempts=0, created_at=now, next_attempt_at=now)
     session.add(event)

@@ -1,14 +1,14 @@
-"""webhooks: the outbox of batch events
+"""webhooks: the outbox of batch events; a webhook URL, signing secret and admin flag per API key
 
 Revision ID: 0006_webhooks
-Revises: 0003_unit_leases
+Revises: 0004_api_keys_files
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = "0006_webhooks"
-down_revision = "0003_unit_leases"
+down_revision = "0004_api_keys_files"
 branch_labels = None
 depends_on = None
 
@@ -30,8 +30,16 @@ def upgrade() -> None:
         sa.Column("last_error", sa.String(512), nullable=True),
     )
     op.create_index("ix_webhook_events_due", "webhook_events", ["status", "next_attempt_at"])
+    with op.batch_alter_table("api_keys") as batch:
+        batch.add_column(sa.Column("webhook_url", sa.String(2048), nullable=True))
+        batch.add_column(sa.Column("webhook_secret", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("is_admin", sa.Boolean(), nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("api_keys") as batch:
+        batch.drop_column("is_admin")
+        batch.drop_column("webhook_secret")
+        batch.drop_column("webhook_url")
     op.drop_index("ix_webhook_events_due", "webhook_events")
     op.drop_table("webhook_events")
