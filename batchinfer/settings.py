@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     model_id: str = MODEL_ID
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
+    dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
@@ -79,6 +80,13 @@ class Settings(BaseSettings):
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"BATCHINFER_DTYPE must be 'auto', 'float32' or 'bfloat16', got {value!r}")
         return value
 
     @field_validator("engine")
