@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
