@@ -66,6 +66,21 @@ def _context(embedded: bool = False):
     return AppContext.create(settings)
 
 
+DTYPE_HELP = "engine dtype: auto (bf16 where the hardware runs it natively), float32 or bfloat16"
+
+
+def _force_dtype(dtype: str | None) -> None:
+    """--dtype wins over BATCHINFER_DTYPE, for this process and the worker processes it starts."""
+    if dtype is None:
+        return
+    import os
+
+    from batchinfer.settings import get_settings
+
+    os.environ["BATCHINFER_DTYPE"] = dtype
+    get_settings.cache_clear()
+
+
 def _client():
     """The API client when BATCHINFER_API_URL is set (the CLI then talks HTTP only), else None."""
     from batchinfer.settings import get_settings
@@ -357,8 +372,10 @@ def _write_atomically(path: Path, fetch) -> bool:
 def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
         errors: Optional[Path] = typer.Option(None, "--errors", help="where to write the error file"),
-        skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file")):
+        skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Validate, plan and run a file in this process (no services needed), then write the results."""
+    _force_dtype(dtype)
     ctx = _context(embedded=True)
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
@@ -380,11 +397,13 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 @friendly_errors
 def worker(name: Optional[str] = typer.Option(None, help="worker name (default: host name)"),
            queues: list[str] = typer.Option([], "--queues", "-Q", help="extra queues, repeatable or comma-separated"),
-           loglevel: str = typer.Option("INFO")):
+           loglevel: str = typer.Option("INFO"),
+           dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Start a Celery worker: loads the model once, consumes the shared queue and its own queue."""
     from batchinfer.settings import get_settings
     from workers.main import start_worker
 
+    _force_dtype(dtype)
     if get_settings().broker_url is None:
         raise BatchInferError("BATCHINFER_BROKER_URL is not set (e.g. redis://localhost:6379/0)")
     extra = [q for item in queues for q in item.split(",") if q]
@@ -404,16 +423,25 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
 @keys_app.command("create")
 @friendly_errors
 def keys_create(name: str = typer.Option(..., help="who the key is for"),
+                webhook: Optional[str] = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
+                admin: bool = typer.Option(False, "--admin", help="may see the workers on the dashboard"),
                 as_json: bool = typer.Option(False, "--json")):
-    """Make an API key; its secret is printed once and never stored."""
+    """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
     from batchinfer.jobs import tenants
 
-    key, secret = tenants.create_key(_context(), name)
+    key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin)
     if as_json:
-        print(json.dumps({"id": key.id, "name": key.name, "key": secret}))
+        record = {"id": key.id, "name": key.name, "key": secret, "admin": key.is_admin}
+        if key.webhook_url:
+            record |= {"webhook_url": key.webhook_url, "webhook_secret": key.webhook_secret}
+        print(json.dumps(record))
     else:
         print(secret)
-        err.print(f"created {key.id} ({key.name}); the secret above is shown only now", markup=False, highlight=False)
+        if key.webhook_secret:
+            print(key.webhook_secret)
+        shown = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
+        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {shown} are shown only now",
+                  markup=False, highlight=False)
 
 
 @keys_app.command("list")
@@ -455,9 +483,11 @@ def db_upgrade(revision: str = typer.Argument("head")):
 
 from batchinfer.bench.command import bench  # noqa: E402  (registered here so the CLI stays one list of commands)
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.api import bench_api_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
+app.command("bench-api")(bench_api_command)
 
 
 def main() -> None:

@@ -2,14 +2,14 @@
 them in SQL instead of reading every unit's results file
 
 Revision ID: 0002_request_tokens
-Revises: 0004_api_keys_files
+Revises: 0006_webhooks
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = "0002_request_tokens"
-down_revision = "0004_api_keys_files"
+down_revision = "0006_webhooks"
 branch_labels = None
 depends_on = None
 
