@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -40,13 +39,13 @@ def friendly_errors(command):
             raise
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
-            raise typer.Exit(exc.exit_code)
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
             err.print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], markup=False, highlight=False)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
     return wrapper
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
 
 from .attention import make_attention_backend
 from .block_manager import BlockManager

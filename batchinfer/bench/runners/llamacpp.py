@@ -17,7 +17,7 @@ class LlamaCppRunner(Runner):
         try:
             from llama_cpp import Llama
         except ImportError as exc:
-            raise SystemUnavailable(f"llama-cpp-python is not installed (pip install 'batchinfer[llamacpp]'): {exc}")
+            raise SystemUnavailable(f"llama-cpp-python is not installed (pip install 'batchinfer[llamacpp]'): {exc}") from exc
         gguf = options.model_path or default_model_path()
         if not gguf.endswith(".gguf"):
             raise SystemUnavailable(f"llama.cpp needs a .gguf file, got {gguf}")
