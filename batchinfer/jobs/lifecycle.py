@@ -112,7 +112,7 @@ def try_finalize(ctx: AppContext, job_id: str) -> bool:
         retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
         return True
     except Exception as exc:  # storage or database still failing after retries: try again later
-        retrying(ctx.sessions, lambda session: _finalize_failed(session, job_id, claimed, exc))
+        retrying(ctx.sessions, lambda session, exc=exc: _finalize_failed(session, job_id, claimed, exc))
         return False
 
 
