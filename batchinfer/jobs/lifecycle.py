@@ -174,9 +174,13 @@ def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) 
     job = session.get(Job, job_id)
     job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
     cancelled, _ = claimed
-    final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
-    job.status = final
-    setattr(job, f"{final}_at", time.time())
+    now = time.time()
+    if cancelled:
+        job.status, job.cancelled_at = JobStatus.CANCELLED, now
+    elif expired:
+        job.status, job.expired_at = JobStatus.EXPIRED, now
+    else:
+        job.status, job.completed_at = JobStatus.COMPLETED, now
     record_final(session, job)
 
 
