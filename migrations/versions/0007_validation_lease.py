@@ -1,14 +1,14 @@
 """validation lease: which validation run owns a `validating` job, and when it last made progress
 
 Revision ID: 0007_validation_lease
-Revises: 0006_webhooks
+Revises: 0002_request_tokens
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = "0007_validation_lease"
-down_revision = "0006_webhooks"
+down_revision = "0002_request_tokens"
 branch_labels = None
 depends_on = None
 
