@@ -20,9 +20,10 @@ from workers import registry
 from workers.celery_app import app
 
 log = logging.getLogger(__name__)
-DISPATCH_TASK = "batchinfer.runtime.dispatch"
+DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages already queued still run
 RUN_UNIT_TASK = "batchinfer.run_unit"
 agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
+webhooks = None  # its webhook DeliveryLoop
 
 
 @lru_cache(maxsize=1)
@@ -111,3 +112,28 @@ def trigger_dispatch(countdown: float | None = None) -> None:
     """Called after a submit: the short countdown lets concurrent submissions be planned together."""
     delay = get_settings().dispatch_countdown_s if countdown is None else countdown
     dispatch_task.apply_async(countdown=delay, queue=SHARED_QUEUE)
+
+
+VALIDATE_TASK = "batchinfer.validate_job"
+ESTIMATE_TASK = "batchinfer.estimate"
+
+
+@app.task(name=VALIDATE_TASK)
+def validate_job_task(job_id: str) -> str:
+    """Validation off the API's request path: tokenizing needs the model's tokenizer, which workers hold."""
+    from batchinfer.db.models import JobStatus
+    from batchinfer.jobs import service
+
+    job = service.validate_job(context(), job_id)
+    if job.status == JobStatus.QUEUED:
+        trigger_dispatch()
+    return job.status
+
+
+@app.task(name=ESTIMATE_TASK)
+def estimate_task(estimate_id: str, input_key: str) -> None:
+    """The dry-run estimate of a stored file, written to storage for the API to read back."""
+    from batchinfer.runtime.preview import store_estimate
+
+    ctx = context()
+    store_estimate(ctx, estimate_id, input_key, registry.worker_registry(ctx.settings).live())

@@ -1,7 +1,9 @@
 """The job system's tables: jobs, their requests, and the work units that run them."""
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
+from enum import StrEnum, nonmember
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -9,7 +11,7 @@ class Base(DeclarativeBase):
     pass
 
 
-class JobStatus:
+class JobStatus(StrEnum):
     VALIDATING = "validating"
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
@@ -19,11 +21,11 @@ class JobStatus:
     EXPIRED = "expired"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
-    TERMINAL = (COMPLETED, FAILED, EXPIRED, CANCELLED)
-    RUNNABLE = (QUEUED, IN_PROGRESS)
+    TERMINAL = nonmember((COMPLETED, FAILED, EXPIRED, CANCELLED))
+    RUNNABLE = nonmember((QUEUED, IN_PROGRESS))
 
 
-class RequestStatus:
+class RequestStatus(StrEnum):
     PENDING = "pending"  # valid, waiting for a unit
     PLANNED = "planned"  # in a unit that has not started
     RUNNING = "running"
@@ -31,11 +33,11 @@ class RequestStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
-    OPEN = (PENDING, PLANNED, RUNNING)
-    UNSTARTED = (PENDING, PLANNED)
+    OPEN = nonmember((PENDING, PLANNED, RUNNING))
+    UNSTARTED = nonmember((PENDING, PLANNED))
 
 
-class UnitStatus:
+class UnitStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
@@ -43,6 +45,7 @@ class UnitStatus:
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_owner_created", "owner_id", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -76,6 +79,12 @@ class Job(Base):
     cancelled_at: Mapped[float | None] = mapped_column(Float)
     finalize_attempts: Mapped[int] = mapped_column(Integer, default=0)
     finalize_after: Mapped[float | None] = mapped_column(Float)  # a FINALIZING job may be retried from then on
+    owner_id: Mapped[str | None] = mapped_column(String(64))  # the API key that made it; None from the local CLI
+    input_file_id: Mapped[str | None] = mapped_column(String(64))
+    endpoint: Mapped[str | None] = mapped_column(String(64))
+    output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
+    validation_token: Mapped[str | None] = mapped_column(String(32))  # the validation run that owns a `validating` job
+    validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
 
 
 class Request(Base):
@@ -91,6 +100,10 @@ class Request(Base):
     status: Mapped[str] = mapped_column(String(16))
     unit_id: Mapped[str | None] = mapped_column(ForeignKey("work_units.id"))
     unit_pos: Mapped[int | None] = mapped_column(Integer)
+    # set when its unit commits (0 for a failed request), summed in SQL for `status`
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class WorkUnit(Base):
@@ -114,3 +127,60 @@ class WorkUnit(Base):
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+class WebhookStatus(StrEnum):
+    PENDING = "pending"  # due at next_attempt_at (a claimed row's next_attempt_at is its lease end)
+    DELIVERED = "delivered"
+    FAILED = "failed"  # gave up: the receiver never answered 2xx within webhook_max_age_s
+
+
+class WebhookEvent(Base):
+    """The webhook outbox: one event per batch that ended, written in the transaction that ended it."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (Index("ix_webhook_events_due", "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the webhook-id header
+    job_id: Mapped[str] = mapped_column(String(64), unique=True)  # a batch ends once: one event each
+    owner_id: Mapped[str | None] = mapped_column(String(64))  # whose secret signs it; None: the server's
+    type: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[str] = mapped_column(Text)  # the exact bytes that are signed and sent
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(String(512))
+
+
+class ApiKey(Base):
+    """A tenant's key: only the SHA-256 of the secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))  # receives this key's batch events
+    webhook_secret: Mapped[str | None] = mapped_column(String(128))  # signs them (whsec_...), shown once
+    is_admin: Mapped[bool] = mapped_column(default=False)  # sees the workers on the dashboard
+
+
+class File(Base):
+    """An uploaded file (purpose `batch`); its bytes live in storage under storage_key."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_owner_created", "owner_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[float] = mapped_column(Float)
+    deleted_at: Mapped[float | None] = mapped_column(Float)

@@ -10,12 +10,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
+from batchinfer.errors import excerpt
 from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.webhook_events import record_final
 
 log = logging.getLogger(__name__)
 FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
@@ -29,18 +31,56 @@ class JobSweep:
     expired: list[str] = field(default_factory=list)
     cancelled_requests: int = 0
     finalized: list[str] = field(default_factory=list)
+    revalidated: list[str] = field(default_factory=list)
 
 
 def sweep_jobs(ctx: AppContext, now: float | None = None) -> JobSweep:
     """One pass over every job that may need a step without anyone asking for it."""
     now = now or time.time()
     swept = JobSweep()
+    swept.revalidated = recover_validating(ctx, now)
     swept.expired = expire_overdue(ctx, now)
     swept.cancelled_requests = close_cancelled(ctx)
     for job_id in _finalizable(ctx) + _finalize_retries(ctx, now):
         if try_finalize(ctx, job_id):
             swept.finalized.append(job_id)
     return swept
+
+
+def recover_validating(ctx: AppContext, now: float) -> list[str]:
+    """Batches stuck in `validating` (a submit that crashed, a validation message lost) are validated here,
+    from the start; validation is idempotent, so a slow one that is still going only repeats work."""
+    from batchinfer.jobs.service import validate_job  # the service builds on this module
+
+    stale = now - ctx.settings.validation_stale_s
+    last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
+    with ctx.sessions() as session:
+        job_ids = list(session.scalars(select(Job.id).where(Job.status == JobStatus.VALIDATING, last_progress < stale)
+                                       .order_by(Job.created_at).limit(10)))
+    recovered = []
+    for job_id in job_ids:
+        try:
+            validate_job(ctx, job_id)
+            recovered.append(job_id)
+        except FileNotFoundError:  # its input never reached storage: nothing can run
+            fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
+        except Exception as exc:
+            log.warning("revalidating %s failed: %s", job_id, excerpt(str(exc)))
+    return recovered
+
+
+def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+    """A `validating` job that can never run fails with `message` (bounded) as its one error."""
+    message = excerpt(message)
+
+    def work(session) -> None:
+        failed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
+            status=JobStatus.FAILED, failed_at=time.time(), error_count=1,
+            errors=[{"code": "server_error", "line": None, "param": None, "message": message}]))
+        if failed.rowcount:
+            record_final(session, session.get(Job, job_id, populate_existing=True))
+
+    retrying(ctx.sessions, work)
 
 
 def close_unstarted(session, job_id: str, status: str) -> int:
@@ -134,9 +174,14 @@ def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) 
     job = session.get(Job, job_id)
     job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
     cancelled, _ = claimed
-    final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
-    job.status = final
-    setattr(job, f"{final}_at", time.time())
+    now = time.time()
+    if cancelled:
+        job.status, job.cancelled_at = JobStatus.CANCELLED, now
+    elif expired:
+        job.status, job.expired_at = JobStatus.EXPIRED, now
+    else:
+        job.status, job.completed_at = JobStatus.COMPLETED, now
+    record_final(session, job)
 
 
 def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
@@ -148,6 +193,7 @@ def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Excep
         job.status, job.failed_at, job.finalize_after = JobStatus.FAILED, time.time(), None
         job.errors = [*(job.errors or []), {"line": None, "code": "server_error", "param": None,
                                             "message": f"could not assemble the results: {cause}"}]
+        record_final(session, job)
         return
     first, cap = FINALIZE_BACKOFF_S
     delay = min(first * 2 ** (attempts - 1), cap)

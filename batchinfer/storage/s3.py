@@ -87,5 +87,15 @@ class S3Storage(Storage):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(key) from exc
+            raise
+
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"
