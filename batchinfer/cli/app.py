@@ -301,9 +301,11 @@ def db_upgrade(revision: str = typer.Argument("head")):
 
 from batchinfer.bench.command import bench  # noqa: E402  (registered here so the CLI stays one list of commands)
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.process_command import bench_process_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
+app.command("bench-process")(bench_process_command)
 
 
 def main() -> None:
