@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     model_id: str = MODEL_ID
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
+    dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
@@ -56,15 +57,30 @@ class Settings(BaseSettings):
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None
     worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
-    worker_ttl_s: float = 30.0  # a worker silent this long is dead: its queue and running units are rerun
+    worker_ttl_s: float = 10.0  # a worker silent this long is dead: its units are rerun (bounds recovery time)
+    sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
+    unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error)
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
+    validation_stale_s: float = 900.0  # a batch `validating` this long (its validation lost) is validated by the sweep
+    max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
+    api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
+    api_key: str | None = None  # the CLI's key for api_url
+    api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
-                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s")
+                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
+                     "max_active_batches_per_owner")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        if value not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"BATCHINFER_DTYPE must be 'auto', 'float32' or 'bfloat16', got {value!r}")
         return value
 
     @field_validator("engine")

@@ -64,7 +64,7 @@ def test_a_job_submitted_from_the_cli_runs_on_a_worker_and_downloads(cluster_env
     assert final["status"] == "completed", final
     assert final["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
     assert final["in_progress_at"] and final["finalizing_at"] and final["completed_at"]
-    assert final["output_file_key"].endswith(f"jobs/{job['id']}/output.jsonl")
+    assert final["output_file_id"] == "file-out-" + job["id"].removeprefix("batch_")
     out = tmp_path / "out.jsonl"
     downloaded = batchinfer(cluster_env, "download", job["id"], "-o", str(out))
     assert downloaded.returncode == 0, downloaded.stderr
@@ -72,4 +72,4 @@ def test_a_job_submitted_from_the_cli_runs_on_a_worker_and_downloads(cluster_env
     assert [o["custom_id"] for o in lines] == ["first", "second", "third"]
     assert {o["metrics"]["worker"] for o in lines} == {worker}
     assert all(o["response"]["body"]["usage"]["completion_tokens"] >= 1 for o in lines)
-    assert final["usage"]["prompt_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in lines)
+    assert final["usage"]["input_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in lines)

@@ -71,7 +71,7 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     assert job["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
     assert job["expires_at"] - job["created_at"] == pytest.approx(7200, abs=1)
     status = json.loads(batchinfer(env, "status", job["id"], "--json").stdout)
-    assert status["usage"]["prompt_tokens"] > 0 and status["errors"]["data"][0]["code"] == "invalid_json_line"
+    assert status["usage"]["input_tokens"] > 0 and status["errors"]["data"][0]["code"] == "invalid_json_line"
     human = batchinfer(env, "status", job["id"])
     assert "completed" in human.stdout and "hit rate" in human.stdout
     listed = json.loads(batchinfer(env, "list", "--json").stdout)

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import random
+import json
 import time
 import uuid
 
 import pytest
 import redis
 
-from batchinfer.cluster.reaper import reap_dead_workers, running_units_of
 from batchinfer.cluster.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
                                 worker_queue)
 from batchinfer.cluster.agent import WorkerAgent
@@ -105,7 +105,7 @@ def test_rendezvous_order_is_a_permutation():
     assert sorted(rendezvous_order("x", ["a", "b", "c", "b"])) == ["a", "b", "c"]
 
 
-# ---- registry, agent and reaper against a real Redis ----
+# ---- registry and agent against a real Redis (the sweep: test_sweep.py) ----
 
 @pytest.fixture
 def registry():
@@ -205,33 +205,10 @@ def test_agent_beats_its_state_and_steals_only_when_idle(registry):
     assert [w.name for w in registry.dead()] == ["thief"]  # peers keep draining what Redis restores later
 
 
-def test_reaper_moves_a_dead_workers_queue_and_reruns_its_units_once(registry):
-    registry.beat(WorkerState("dead", busy=True, unit_id="u-running"))
-    push(registry, worker_queue("dead"), "q1", "q2")
-    push(registry, SHARED_QUEUE, "s1")
-    time.sleep(0.7)
-    registry.beat(WorkerState("alive"))
-    requeued = []
-    reaped = reap_dead_workers(registry, lambda name: ["u-db"] if name == "dead" else [], requeued.append)
-    assert reaped == {"dead": 2} and sorted(requeued) == ["u-db", "u-running"]
-    assert contents(registry, worker_queue("dead")) == []
-    assert sorted(contents(registry, SHARED_QUEUE)) == ["q1", "q2", "s1"]
-    push(registry, worker_queue("dead"), "restored-late")  # Redis restores its unacked unit here later
-    assert reap_dead_workers(registry, lambda name: ["u-db"], requeued.append) == {}
-    assert len(requeued) == 2  # not rerun twice
-    assert "restored-late" in contents(registry, SHARED_QUEUE)
-
-
-def test_running_units_of_reads_the_units_a_worker_started(tmp_path):
-    from batchinfer.context import AppContext
-    from batchinfer.db.models import UnitStatus, WorkUnit
-    from batchinfer.settings import Settings
-
-    ctx = AppContext.create(Settings(data_dir=tmp_path, broker_url=None))
-    with ctx.sessions() as session:
-        for uid, status, worker in [("u1", UnitStatus.RUNNING, "w1"), ("u2", UnitStatus.DONE, "w1"),
-                                    ("u3", UnitStatus.RUNNING, "w2"), ("u4", UnitStatus.QUEUED, None)]:
-            session.add(WorkUnit(id=uid, status=status, queue=SHARED_QUEUE, prefix_key="", num_requests=1,
-                                 input_key="x", worker=worker, created_at=0.0))
-        session.commit()
-    assert running_units_of(ctx.sessions, "w1") == ["u1"]
+def test_queued_unit_ids_reads_unit_ids_from_celery_messages(registry):
+    message = json.dumps({"body": "e30=", "headers": {"task": "batchinfer.run_unit", "argsrepr": "['unit_abc']"}})
+    registry.beat(WorkerState("w1"))
+    push(registry, worker_queue("w1"), message)
+    push(registry, SHARED_QUEUE, message.replace("unit_abc", "unit_def"), priority=3)
+    push(registry, SHARED_QUEUE, "not json")
+    assert registry.queued_unit_ids() == {"unit_abc", "unit_def"}

@@ -3,7 +3,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from batchinfer.jobs import service
+from batchinfer.jobs import lifecycle, service
 from batchinfer.db.models import Request
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
@@ -79,8 +79,8 @@ def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, genera
                        completion_window="1h")
     units = dispatch(ctx)
     _run_units(ctx, generator, units[:1])
-    assert service.expire_overdue(ctx, now=time.time() + 60) == []
-    assert service.expire_overdue(ctx, now=time.time() + 7200) == [job.id]
+    assert lifecycle.expire_overdue(ctx, now=time.time() + 60) == []
+    assert lifecycle.expire_overdue(ctx, now=time.time() + 7200) == [job.id]
     job = service.get(ctx, job.id)
     assert job.status == "expired" and (job.completed, job.failed) == (1, 1)
     assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["first"]

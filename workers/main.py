@@ -1,7 +1,7 @@
 """`batchinfer worker`: one Celery worker process that loads the model once and runs units one at a time.
 
-Beside Celery runs the worker agent: it publishes this worker's state, steals units queued for a busy
-peer when idle, and reruns what a dead peer held.
+Beside Celery runs the worker agent: it publishes this worker's state (incarnation, the unit it runs),
+steals units queued for a busy peer when idle, and runs the sweep (batchinfer.cluster.sweep) when due.
 """
 from __future__ import annotations
 
@@ -9,20 +9,11 @@ import socket
 
 from celery import signals
 
-from batchinfer.jobs import service
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.cluster.reaper import reap_dead_workers, running_units_of
 from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
+from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
-
-
-def _housekeeping(reg, ctx, requeue):
-    """Each agent tick: rerun what dead workers held, and expire jobs whose completion window passed."""
-    def tick() -> None:
-        reap_dead_workers(reg, lambda w: running_units_of(ctx.sessions, w), requeue)
-        service.expire_overdue(ctx)
-    return tick
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
@@ -37,8 +28,15 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
     def _ready(**_):
         get_generator(settings)  # load the model before the first unit arrives
         reg = registry.worker_registry(settings)
+        ctx = tasks.context()
+        hooks = tasks.sweep_hooks(ctx)
         tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
-                                  _housekeeping(reg, tasks.context(), tasks.requeue_unit)).start()
+                                  lambda: maybe_sweep(ctx, reg, hooks)).start()
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _shutting_down(**_):
+        if tasks.agent is not None:
+            tasks.agent.stopping = True
 
     @signals.worker_shutdown.connect(weak=False)
     def _shutdown(**_):

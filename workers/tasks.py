@@ -5,18 +5,22 @@ import logging
 import time
 from functools import lru_cache
 
-from batchinfer.jobs import service
+from sqlalchemy import update
+
 from batchinfer.context import AppContext
+from batchinfer.db.models import UnitStatus, WorkUnit
+from batchinfer.db.session import transaction
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.routing import SHARED_QUEUE
+from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
 from workers import registry
 from workers.celery_app import app
 
 log = logging.getLogger(__name__)
-DISPATCH_TASK = "batchinfer.runtime.dispatch"
+DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages already queued still run
 RUN_UNIT_TASK = "batchinfer.run_unit"
 agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
 
@@ -28,20 +32,23 @@ def context() -> AppContext:
 
 def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
     """Plan what is pending and route it on the registry's view of the live workers (enqueues nothing)."""
-    service.expire_overdue(ctx)
     loads = registry.worker_registry(ctx.settings).loads()
     return dispatch(ctx, [w.name for w in loads], worker_loads=loads)
 
 
-@app.task(name=DISPATCH_TASK)
-def dispatch_task() -> int:
-    ctx = context()
+def dispatch_and_send(ctx: AppContext) -> int:
+    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too)."""
     with registry.dispatch_lock(ctx.settings):
         units = dispatch_units(ctx)
         for unit in units:
             run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
     log.info("dispatched %d units", len(units))
     return len(units)
+
+
+@app.task(name=DISPATCH_TASK)
+def dispatch_task() -> int:
+    return dispatch_and_send(context())
 
 
 @app.task(name=RUN_UNIT_TASK, bind=True)
@@ -53,7 +60,15 @@ def run_unit_task(self, unit_id: str) -> dict:
         agent.unit_started(unit_id)
     outcome = None
     try:
-        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker)
+        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker,
+                           incarnation=agent.state.incarnation if agent else None, stopping=_stopping)
+    except UnitInterrupted as exc:  # the unit stays running on this incarnation; the sweep reruns it
+        log.warning("unit %s interrupted by shutdown (%s); it will be rerun", unit_id, exc)
+        return {"unit_id": unit_id, "committed": False, "completed": 0}
+    except Exception as exc:  # storage or database still down after retries: the sweep reruns it, then fails it
+        log.warning("unit %s did not commit: %s: %s; it will be rerun", unit_id, type(exc).__name__, str(exc)[:300])
+        _note_error(ctx, unit_id, f"{type(exc).__name__}: {str(exc)[:300]}")
+        return {"unit_id": unit_id, "committed": False, "completed": 0}
     finally:
         if agent is not None:
             agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
@@ -61,8 +76,34 @@ def run_unit_task(self, unit_id: str) -> dict:
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
 
 
+def _stopping() -> bool:
+    from celery.worker import state
+
+    return bool(state.should_stop or state.should_terminate or (agent is not None and agent.stopping))
+
+
+def _note_error(ctx: AppContext, unit_id: str, cause: str) -> None:
+    """Best effort: the cause shows in the error lines if the unit fails for good."""
+    try:
+        with transaction(ctx.sessions) as session:
+            session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == UnitStatus.RUNNING)
+                            .values(last_error=cause[:1000]))
+    except Exception:
+        log.warning("could not record the error of unit %s", unit_id)
+
+
+def sweep_hooks(ctx: AppContext) -> SweepHooks:
+    def fail(unit_id: str, cause: str):
+        with ctx.sessions() as session:
+            unit = session.get(WorkUnit, unit_id)
+            last = unit.last_error if unit is not None else None
+        return fail_unit(ctx, unit_id, f"{cause}; last error: {last}" if last else cause).committed
+
+    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx))
+
+
 def requeue_unit(unit_id: str) -> None:
-    """Run a unit again (its worker died); the unit runner's fence keeps it from counting twice."""
+    """Run a unit again (the sweep found it lost); the unit runner's fence keeps it from counting twice."""
     run_unit_task.apply_async(args=[unit_id], queue=SHARED_QUEUE)
 
 
@@ -70,3 +111,28 @@ def trigger_dispatch(countdown: float | None = None) -> None:
     """Called after a submit: the short countdown lets concurrent submissions be planned together."""
     delay = get_settings().dispatch_countdown_s if countdown is None else countdown
     dispatch_task.apply_async(countdown=delay, queue=SHARED_QUEUE)
+
+
+VALIDATE_TASK = "batchinfer.validate_job"
+ESTIMATE_TASK = "batchinfer.estimate"
+
+
+@app.task(name=VALIDATE_TASK)
+def validate_job_task(job_id: str) -> str:
+    """Validation off the API's request path: tokenizing needs the model's tokenizer, which workers hold."""
+    from batchinfer.db.models import JobStatus
+    from batchinfer.jobs import service
+
+    job = service.validate_job(context(), job_id)
+    if job.status == JobStatus.QUEUED:
+        trigger_dispatch()
+    return job.status
+
+
+@app.task(name=ESTIMATE_TASK)
+def estimate_task(estimate_id: str, input_key: str) -> None:
+    """The dry-run estimate of a stored file, written to storage for the API to read back."""
+    from batchinfer.runtime.preview import store_estimate
+
+    ctx = context()
+    store_estimate(ctx, estimate_id, input_key, registry.worker_registry(ctx.settings).live())

@@ -16,12 +16,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from batchinfer.jobs import service
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError
-from batchinfer.cli.render import error_line, job_dict, job_table, jobs_table
+from batchinfer.cli.render import error_line, job_table, jobs_table
+from batchinfer.jobs.batch_view import batch_object
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys for `batchinfer serve` (one per tenant).")
+app.add_typer(keys_app, name="keys")
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
 EXIT_INVALID_INPUT = 2
@@ -63,6 +66,33 @@ def _context(embedded: bool = False):
     return AppContext.create(settings)
 
 
+DTYPE_HELP = "engine dtype: auto (bf16 where the hardware runs it natively), float32 or bfloat16"
+
+
+def _force_dtype(dtype: str | None) -> None:
+    """--dtype wins over BATCHINFER_DTYPE, for this process and the worker processes it starts."""
+    if dtype is None:
+        return
+    import os
+
+    from batchinfer.settings import get_settings
+
+    os.environ["BATCHINFER_DTYPE"] = dtype
+    get_settings.cache_clear()
+
+
+def _client():
+    """The API client when BATCHINFER_API_URL is set (the CLI then talks HTTP only), else None."""
+    from batchinfer.settings import get_settings
+
+    settings = get_settings()
+    if not settings.api_url:
+        return None
+    from batchinfer.cli.client import ApiClient
+
+    return ApiClient(settings.api_url, settings.api_key)
+
+
 def _parse_metadata(pairs: list[str]) -> dict:
     metadata = {}
     for pair in pairs:
@@ -82,10 +112,10 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
     if as_json:
-        print(json.dumps({**job_dict(job), "prefix_groups": [g.to_dict() for g in groups], "units": units_json(units)}))
+        print(json.dumps({**batch_object(job), "prefix_groups": [g.to_dict() for g in groups], "units": units_json(units)}))
         return
     if show_job:
-        out.print(job_table(job_dict(job)))
+        out.print(job_table(batch_object(job)))
     if groups:
         out.print(groups_table(groups))
 
@@ -111,14 +141,20 @@ def _print_plan(ctx, file: Path, as_json: bool) -> None:
 
 
 def _report_invalid(job, as_json: bool) -> None:
+    _report_invalid_batch(batch_object(job), as_json)
+
+
+def _report_invalid_batch(batch: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(job_dict(job)))
+        print(json.dumps(batch))
     else:
-        for error in job.errors:
+        errors = batch["errors"] or {"data": [], "count": 0}
+        for error in errors["data"]:
             err.print(f"error: {error_line(error)}", markup=False, highlight=False)
-        if job.error_count > len(job.errors):
-            err.print(f"error: ... and {job.error_count - len(job.errors)} more")
-        err.print(f"job {job.id} failed validation: {job.error_count} error(s), nothing ran")
+        count = errors.get("count", len(errors["data"]))
+        if count > len(errors["data"]):
+            err.print(f"error: ... and {count - len(errors['data'])} more")
+        err.print(f"job {batch['id']} failed validation: {count} error(s), nothing ran")
     raise typer.Exit(EXIT_INVALID_INPUT)
 
 
@@ -148,6 +184,10 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
            dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its cost estimate; submit nothing"),
            as_json: bool = typer.Option(False, "--json", help="print the job object as JSON")):
     """Submit a batch job; prints its id. Without a broker the job runs right here."""
+    client = _client()
+    if client is not None:
+        _submit_remote(client, file, model, metadata, completion_window, skip_invalid, dry_run, as_json)
+        return
     ctx = _context()
     if dry_run:
         _print_plan(ctx, file, as_json)
@@ -163,7 +203,34 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
 
         trigger_dispatch()
     job = service.get(ctx, job.id)
-    print(json.dumps(job_dict(job)) if as_json else job.id)
+    print(json.dumps(batch_object(job)) if as_json else job.id)
+
+
+def _submit_remote(client, file: Path, model, metadata, completion_window, skip_invalid, dry_run, as_json) -> None:
+    if not file.is_file():
+        raise BatchInferError(f"no such file: {file}")
+    if dry_run:
+        _print_estimate(client.plan(file), as_json)
+        return
+    batch = client.submit(file, _parse_metadata(metadata), completion_window, skip_invalid)
+    if batch["status"] == JobStatus.FAILED:
+        _report_invalid_batch(batch, as_json)
+    print(json.dumps(batch) if as_json else batch["id"])
+
+
+def _print_estimate(result: dict, as_json: bool) -> None:
+    from batchinfer.cli.render import plan_table
+    from batchinfer.planner import PlanEstimate
+
+    if as_json:
+        print(json.dumps(result))
+    else:
+        for error in result["errors"]:
+            err.print(f"error: {error_line(error)}", markup=False, highlight=False)
+        fields = PlanEstimate.__dataclass_fields__
+        out.print(plan_table(PlanEstimate(**{k: v for k, v in result.items() if k in fields})))
+    if result["requests"] == 0 or result["invalid_lines"]:
+        raise typer.Exit(EXIT_INVALID_INPUT)
 
 
 @app.command()
@@ -171,6 +238,12 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
 def plan(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
          as_json: bool = typer.Option(False, "--json")):
     """Requests, prompt tokens, prefix groups, expected cached tokens and run time, before anything runs."""
+    client = _client()
+    if client is not None:
+        if not file.is_file():
+            raise BatchInferError(f"no such file: {file}")
+        _print_estimate(client.plan(file), as_json)
+        return
     _print_plan(_context(), file, as_json)
 
 
@@ -179,6 +252,10 @@ def plan(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 def status(job_id: str, watch: bool = typer.Option(False, help="refresh until the job ends"),
            as_json: bool = typer.Option(False, "--json")):
     """Lifecycle, request counts, tokens, cache hit rate, timestamps, errors, and progress by prefix group."""
+    client = _client()
+    if client is not None:
+        _status_remote(client, job_id, watch, as_json)
+        return
     ctx = _context()
     job = _refresh(ctx, job_id)
     if watch and not as_json:
@@ -199,6 +276,24 @@ def status(job_id: str, watch: bool = typer.Option(False, help="refresh until th
         raise typer.Exit(1)
 
 
+def _status_remote(client, job_id: str, watch: bool, as_json: bool) -> None:
+    from rich.console import Group
+
+    from batchinfer.cli.render import groups_table_of
+
+    batch = client.get(job_id)
+    while watch and batch["status"] not in JobStatus.TERMINAL:
+        time.sleep(1)
+        batch = client.get(job_id)
+    groups = client.prefix_groups(job_id)
+    if as_json:
+        print(json.dumps({**batch, "prefix_groups": groups}))
+    else:
+        out.print(Group(job_table(batch), groups_table_of(groups)) if groups else job_table(batch))
+    if batch["status"] == JobStatus.FAILED:
+        raise typer.Exit(1)
+
+
 def _status_view(ctx, job):
     from rich.console import Group
 
@@ -206,19 +301,19 @@ def _status_view(ctx, job):
     from batchinfer.jobs.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
-    return Group(job_table(job_dict(job)), groups_table(groups)) if groups else job_table(job_dict(job))
+    return Group(job_table(batch_object(job)), groups_table(groups)) if groups else job_table(batch_object(job))
 
 
 def _refresh(ctx, job_id: str):
-    service.expire_overdue(ctx)
-    return service.get(ctx, job_id)
+    return service.get(ctx, job_id)  # expiry and the rest are the sweep's (workers, or `batchinfer run`)
 
 
 @app.command("list")
 @friendly_errors
 def list_(limit: int = typer.Option(50, min=1), as_json: bool = typer.Option(False, "--json")):
     """The most recent jobs."""
-    views = [job_dict(j) for j in service.list_jobs(_context(), limit)]
+    client = _client()
+    views = client.list(limit) if client else [batch_object(j) for j in service.list_jobs(_context(), limit)]
     if as_json:
         print(json.dumps(views))
     else:
@@ -229,8 +324,9 @@ def list_(limit: int = typer.Option(50, min=1), as_json: bool = typer.Option(Fal
 @friendly_errors
 def cancel(job_id: str, as_json: bool = typer.Option(False, "--json")):
     """Cancel a job; everything finished so far is kept."""
-    job = service.cancel(_context(), job_id)
-    print(json.dumps(job_dict(job)) if as_json else f"{job.id} {job.status}")
+    client = _client()
+    batch = client.cancel(job_id) if client else batch_object(service.cancel(_context(), job_id))
+    print(json.dumps(batch) if as_json else f"{batch['id']} {batch['status']}")
 
 
 @app.command()
@@ -238,14 +334,37 @@ def cancel(job_id: str, as_json: bool = typer.Option(False, "--json")):
 def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
              errors: Optional[Path] = typer.Option(None, "--errors", help="where to write the error file")):
     """Download a finished job's results (and errors)."""
-    ctx = _context()
-    with open(output, "wb") as target:
-        if not service.download(ctx, job_id, target):
-            raise BatchInferError(f"job {job_id} has no output file")
-    if errors is not None:
-        with open(errors, "wb") as target:
-            service.download(ctx, job_id, target, errors=True)
-    err.print(f"wrote {output}" + (f" and {errors}" if errors else ""))
+    client = _client()
+    if client is not None:
+        batch = client.get(job_id)
+        fetch = functools.partial(client.download, batch)
+    else:
+        ctx = _context()
+        fetch = functools.partial(service.download, ctx, job_id)
+    if not _write_atomically(output, fetch):
+        raise BatchInferError(f"job {job_id} has no output file")
+    if errors is not None and not _write_atomically(errors, functools.partial(fetch, errors=True)):
+        errors.unlink(missing_ok=True)
+        errors.touch()  # asked for: an empty error file says there were no errors
+    err.print(f"wrote {output}" + (f" and {errors}" if errors else ""), markup=False, highlight=False)
+
+
+def _write_atomically(path: Path, fetch) -> bool:
+    """Write through a temporary file beside `path`, renamed at the end: an existing file is never
+    truncated by a download that fails or finds nothing."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as target:
+            found = fetch(target)
+        if found:
+            os.replace(tmp, path)
+        return found
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 @app.command()
@@ -253,8 +372,10 @@ def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", hel
 def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
         errors: Optional[Path] = typer.Option(None, "--errors", help="where to write the error file"),
-        skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file")):
+        skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Validate, plan and run a file in this process (no services needed), then write the results."""
+    _force_dtype(dtype)
     ctx = _context(embedded=True)
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
@@ -276,15 +397,67 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 @friendly_errors
 def worker(name: Optional[str] = typer.Option(None, help="worker name (default: host name)"),
            queues: list[str] = typer.Option([], "--queues", "-Q", help="extra queues, repeatable or comma-separated"),
-           loglevel: str = typer.Option("INFO")):
+           loglevel: str = typer.Option("INFO"),
+           dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Start a Celery worker: loads the model once, consumes the shared queue and its own queue."""
     from batchinfer.settings import get_settings
     from workers.main import start_worker
 
+    _force_dtype(dtype)
     if get_settings().broker_url is None:
         raise BatchInferError("BATCHINFER_BROKER_URL is not set (e.g. redis://localhost:6379/0)")
     extra = [q for item in queues for q in item.split(",") if q]
     start_worker(name, extra, loglevel)
+
+
+@app.command()
+@friendly_errors
+def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
+          port: int = typer.Option(8000, help="port to listen on")):
+    """Serve the HTTP API (OpenAI Files and Batches shapes) on uvicorn."""
+    from batchinfer.api.app import serve as run_server
+
+    run_server(host, port, _context().settings)
+
+
+@keys_app.command("create")
+@friendly_errors
+def keys_create(name: str = typer.Option(..., help="who the key is for"),
+                as_json: bool = typer.Option(False, "--json")):
+    """Make an API key; its secret is printed once and never stored."""
+    from batchinfer.jobs import tenants
+
+    key, secret = tenants.create_key(_context(), name)
+    if as_json:
+        print(json.dumps({"id": key.id, "name": key.name, "key": secret}))
+    else:
+        print(secret)
+        err.print(f"created {key.id} ({key.name}); the secret above is shown only now", markup=False, highlight=False)
+
+
+@keys_app.command("list")
+@friendly_errors
+def keys_list(as_json: bool = typer.Option(False, "--json")):
+    """The API keys (never their secrets)."""
+    from batchinfer.cli.render import keys_table
+    from batchinfer.jobs import tenants
+
+    rows = [{"id": k.id, "name": k.name, "created_at": int(k.created_at),
+             "revoked_at": int(k.revoked_at) if k.revoked_at else None} for k in tenants.list_keys(_context())]
+    if as_json:
+        print(json.dumps(rows))
+    else:
+        out.print(keys_table(rows))
+
+
+@keys_app.command("revoke")
+@friendly_errors
+def keys_revoke(key_id: str):
+    """Revoke an API key: it gets 401 from then on."""
+    from batchinfer.jobs import tenants
+
+    key = tenants.revoke_key(_context(), key_id)
+    print(f"{key.id} revoked")
 
 
 @db_app.command("upgrade")

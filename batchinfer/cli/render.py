@@ -1,12 +1,12 @@
-"""A job as people and scripts see it: a JSON object (OpenAI batch-like) and a rich table."""
+"""What the CLI prints for people: batches, plans, prefix groups and workers as rich tables."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from rich.markup import escape
 from rich.table import Column, Table
 
 from batchinfer.cluster.registry import WorkerState
-from batchinfer.db.models import Job
 from batchinfer.jobs.reports import GroupFigures
 from batchinfer.planner import PlanEstimate
 from batchinfer.settings import Settings
@@ -15,63 +15,54 @@ TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "com
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
 
 
-def job_dict(job: Job) -> dict:
-    prompt = job.prompt_tokens or 0
-    return {
-        "id": job.id, "object": "batch", "status": job.status, "model": job.model,
-        "input_file": job.input_filename, "output_file_key": job.output_key, "error_file_key": job.error_key,
-        "completion_window_s": job.completion_window_s,
-        "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
-        "usage": {"prompt_tokens": prompt, "completion_tokens": job.completion_tokens,
-                  "cached_tokens": job.cached_tokens,
-                  "cache_hit_rate": round(job.cached_tokens / prompt, 4) if prompt else 0.0},
-        "metadata": job.metadata_ or {},
-        "errors": {"count": job.error_count, "data": job.errors or []},
-        **{name: _int(getattr(job, name)) for name in TIMESTAMPS},
-    }
-
-
-def _int(value: float | None) -> int | None:
-    return int(value) if value is not None else None
-
-
 def _when(value: int | None) -> str:
     return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
 
 
-def job_table(view: dict) -> Table:
+def hit_rate(batch: dict) -> float:
+    usage = batch["usage"]
+    return usage["input_tokens_details"]["cached_tokens"] / usage["input_tokens"] if usage["input_tokens"] else 0.0
+
+
+def job_table(batch: dict) -> Table:
+    """A Batch object (jobs.batch_view) for people. User text is escaped: it is data, never markup."""
     table = Table(show_header=False, box=None)
-    counts, usage = view["request_counts"], view["usage"]
-    table.add_row("id", view["id"])
-    table.add_row("status", f"[bold]{view['status']}[/bold]")
-    table.add_row("model", view["model"])
+    counts, usage = batch["request_counts"], batch["usage"]
+    table.add_row("id", batch["id"])
+    table.add_row("status", f"[bold]{batch['status']}[/bold]")
+    table.add_row("model", escape(batch["model"] or ""))
     table.add_row("requests", f"{counts['completed']} completed, {counts['failed']} failed, {counts['total']} total")
-    table.add_row("tokens", f"{usage['prompt_tokens']} prompt ({usage['cached_tokens']} cached, "
-                            f"hit rate {usage['cache_hit_rate']:.1%}), {usage['completion_tokens']} completion")
-    if view["metadata"]:
-        table.add_row("metadata", ", ".join(f"{k}={v}" for k, v in view["metadata"].items()))
+    table.add_row("tokens", f"{usage['input_tokens']} prompt ({usage['input_tokens_details']['cached_tokens']} cached, "
+                            f"hit rate {hit_rate(batch):.1%}), {usage['output_tokens']} completion")
+    if batch["metadata"]:
+        table.add_row("metadata", escape(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
     for name in TIMESTAMPS:
-        if view[name]:
-            table.add_row(name.removesuffix("_at").replace("_", " "), _when(view[name]))
-    errors = view["errors"]
-    if errors["count"]:
-        shown = "\n".join(error_line(e) for e in errors["data"][:20])
-        more = f"\n... and {errors['count'] - 20} more" if errors["count"] > 20 else ""
-        table.add_row("errors", f"{errors['count']}\n{shown}{more}")
+        if batch.get(name):
+            table.add_row(name.removesuffix("_at").replace("_", " "), _when(batch[name]))
+    errors = batch["errors"]
+    if errors:
+        count = errors.get("count", len(errors["data"]))
+        shown = "\n".join(escape(error_line(e)) for e in errors["data"][:20])
+        more = f"\n... and {count - 20} more" if count > 20 else ""
+        table.add_row("errors", f"{count}\n{shown}{more}")
     return table
+
+
+def excerpt(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def error_line(error: dict) -> str:
     where = f"line {error['line']}" if error.get("line") is not None else "file"
     param = f" ({error['param']})" if error.get("param") else ""
-    return f"{where}: {error['code']}{param}: {error['message']}"
+    return excerpt(f"{where}: {error['code']}{param}: {error['message']}")
 
 
-def jobs_table(views: list[dict]) -> Table:
+def jobs_table(batches: list[dict]) -> Table:
     table = Table(Column("id", no_wrap=True), "status", "completed", "failed", "total", Column("created", no_wrap=True))
-    for v in views:
-        c = v["request_counts"]
-        table.add_row(v["id"], v["status"], str(c["completed"]), str(c["failed"]), str(c["total"]), _when(v["created_at"]))
+    for b in batches:
+        c = b["request_counts"]
+        table.add_row(b["id"], b["status"], str(c["completed"]), str(c["failed"]), str(c["total"]), _when(b["created_at"]))
     return table
 
 
@@ -103,4 +94,17 @@ def groups_table(groups: list[GroupFigures]):
     for g in groups:
         table.add_row(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
                       f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-")
+    return table
+
+
+def groups_table_of(groups: list[dict]) -> Table:
+    """Prefix groups as the API returns them (GroupFigures.to_dict)."""
+    fields = GroupFigures.__dataclass_fields__
+    return groups_table([GroupFigures(**{k: v for k, v in g.items() if k in fields}) for g in groups])
+
+
+def keys_table(rows: list[dict]) -> Table:
+    table = Table("id", "name", Column("created", no_wrap=True), Column("revoked", no_wrap=True))
+    for row in rows:
+        table.add_row(row["id"], escape(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
     return table

@@ -1,9 +1,10 @@
 """What runs beside Celery in a worker process: a thread that beats the worker's state into the
-registry, steals a unit from a busy peer's queue when this worker sits idle, and reaps dead peers."""
+registry, steals a unit from a busy peer's queue when this worker sits idle, and runs the sweep when due."""
 from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from typing import Callable
 
 import redis
@@ -16,12 +17,13 @@ log = logging.getLogger(__name__)
 
 class WorkerAgent:
     def __init__(self, registry: WorkerRegistry, name: str, beat_s: float = 2.0, steal: bool = True,
-                 reap: Callable[[], object] | None = None):
+                 housekeeping: Callable[[], object] | None = None):
         self.registry = registry
-        self.state = WorkerState(name)
+        self.state = WorkerState(name, incarnation=uuid.uuid4().hex)
+        self.stopping = False  # set when the worker begins to shut down: an interrupted unit is rerun, not failed
         self.beat_s = beat_s
         self.steal = steal
-        self.reap = reap
+        self.housekeeping = housekeeping  # the sweep, when one is due (it rate-limits itself)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,8 +69,8 @@ class WorkerAgent:
             victim = self.registry.steal_one(self.state.name)
             if victim:
                 log.info("idle: took a unit queued for busy worker %s", victim)
-        if self.reap:
-            self.reap()
+        if self.housekeeping:
+            self.housekeeping()
 
     def _nothing_queued_for_me(self) -> bool:
         return self.registry.queue_depth(self.state.queue) == 0 and self.registry.queue_depth(SHARED_QUEUE) == 0
@@ -77,7 +79,17 @@ class WorkerAgent:
         while not self._stop.wait(self.beat_s):
             try:
                 self.tick()
-            except redis.RedisError:
-                log.warning("registry unreachable; will retry", exc_info=True)
-            except Exception:  # the agent must outlive any one failure of reaping
-                log.exception("worker agent tick failed")
+            except Exception as exc:  # the agent must outlive any fault (Redis, database, storage down)
+                transient = isinstance(exc, redis.RedisError) or _transient(exc)
+                if transient:
+                    log.warning("worker agent tick: %s: %s; will retry", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+                else:
+                    log.exception("worker agent tick failed")
+
+
+def _transient(exc: BaseException) -> bool:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from batchinfer.db.session import is_transient
+
+    return is_transient(exc) or isinstance(exc, (BotoCoreError, ClientError, OSError))

@@ -23,6 +23,7 @@ KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
 @dataclass
 class WorkerState:
     name: str
+    incarnation: str = ""  # new at every start: a restarted worker with the same name is another process
     busy: bool = False
     unit_id: str | None = None  # the unit it runs now
     prefix_keys: list[str] = field(default_factory=list)  # most recent first
@@ -134,6 +135,35 @@ class WorkerRegistry:
 
     def forget(self, name: str) -> None:
         self.conn.hdel(self._known, name)
+
+    def queued_unit_ids(self) -> set[str]:
+        """Units with a message waiting in the broker (the shared queue and every known worker's queue)."""
+        queues = [SHARED_QUEUE, *(worker_queue(n.decode()) for n in self.conn.hkeys(self._known))]
+        found: set[str] = set()
+        for queue in queues:
+            for key in self._priority_keys(queue):
+                for raw in self.conn.lrange(key, 0, -1):
+                    unit_id = _unit_of_message(raw)
+                    if unit_id:
+                        found.add(unit_id)
+        return found
+
+    def lock(self, name: str, timeout_s: float):
+        return self.conn.lock(f"{self.key_prefix}batchinfer:{name}", timeout=timeout_s, blocking=False)
+
+    def due(self, name: str, every_s: float) -> bool:
+        """True at most once per every_s across all processes (a shared rate limit)."""
+        return bool(self.conn.set(f"{self.key_prefix}batchinfer:due:{name}", "1", nx=True, px=int(every_s * 1000)))
+
+
+def _unit_of_message(raw: bytes) -> str | None:
+    """The unit id of a queued run-unit message (Celery protocol 2 keeps the args' repr in its headers)."""
+    try:
+        args = json.loads(raw).get("headers", {}).get("argsrepr") or ""
+    except (ValueError, AttributeError):
+        return None
+    start = args.find("unit_")
+    return args[start:].split("'", 1)[0] if start >= 0 else None
 
 
 def open_registry(settings) -> WorkerRegistry:

@@ -43,6 +43,7 @@ class UnitStatus:
 
 class Job(Base):
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_owner_created", "owner_id", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
@@ -74,6 +75,12 @@ class Job(Base):
     expired_at: Mapped[float | None] = mapped_column(Float)
     cancelling_at: Mapped[float | None] = mapped_column(Float)
     cancelled_at: Mapped[float | None] = mapped_column(Float)
+    finalize_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    finalize_after: Mapped[float | None] = mapped_column(Float)  # a FINALIZING job may be retried from then on
+    owner_id: Mapped[str | None] = mapped_column(String(64))  # the API key that made it; None from the local CLI
+    input_file_id: Mapped[str | None] = mapped_column(String(64))
+    endpoint: Mapped[str | None] = mapped_column(String(64))
+    output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
 
 
 class Request(Base):
@@ -106,6 +113,37 @@ class WorkUnit(Base):
     result_key: Mapped[str | None] = mapped_column(String(512))  # set by the run that won the commit fence
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(256))
+    incarnation: Mapped[str | None] = mapped_column(String(64))  # the worker process that runs it now
+    dispatched_at: Mapped[float | None] = mapped_column(Float)  # last time a message for it was sent
+    last_error: Mapped[str | None] = mapped_column(String(1024))  # why its last run did not commit
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
+
+
+class ApiKey(Base):
+    """A tenant's key: only the SHA-256 of the secret is stored."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+
+
+class File(Base):
+    """An uploaded file (purpose `batch`); its bytes live in storage under storage_key."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_owner_created", "owner_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(64))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    storage_key: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[float] = mapped_column(Float)
+    deleted_at: Mapped[float | None] = mapped_column(Float)

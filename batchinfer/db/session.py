@@ -1,14 +1,21 @@
 """Engines, sessions and schema migrations (Alembic is the only way the schema is made)."""
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+RETRY_ATTEMPTS = 8  # about 20 s of backoff: a database restart, a failover, a deadlock victim
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 _engines: dict[str, Engine] = {}
@@ -51,6 +58,28 @@ def session_factory(url: str) -> sessionmaker[Session]:
 def transaction(factory: sessionmaker[Session]):
     with factory() as session, session.begin():
         yield session
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A lost connection, a restart, a deadlock or lock timeout: the same transaction may succeed later."""
+    return isinstance(exc, (OperationalError, InterfaceError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], attempts: int = RETRY_ATTEMPTS,
+             base_delay_s: float = 0.2) -> T:
+    """Run one short transaction, again from the start after a transient fault (with backoff)."""
+    for attempt in range(attempts):
+        try:
+            with transaction(factory) as session:
+                return work(session)
+        except DBAPIError as exc:
+            if attempt == attempts - 1 or not is_transient(exc):
+                raise
+            delay = min(base_delay_s * 2 ** attempt, 5.0)
+            log.warning("database: %s; retrying in %.1f s", str(exc.orig or exc).splitlines()[0][:200], delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def alembic_config(url: str):

@@ -6,8 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .dtype import auto_dtype
+
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass
@@ -19,12 +22,16 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # token budget per step; longer prompts are prefilled in chunks
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "float32"  # or "bfloat16", "float16", "auto" (resolved here: see dtype.py)
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's context length
     starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
 
     def __post_init__(self):
+        try:
+            torch.device(self.device)
+        except RuntimeError as exc:
+            raise ValueError(f"EngineConfig.device: invalid device {self.device!r}") from exc
         _check(self.block_size >= 1, "block_size", self.block_size, "must be >= 1")
         _check(self.kv_cache_bytes is None or self.kv_cache_bytes > 0, "kv_cache_bytes", self.kv_cache_bytes, "must be > 0")
         _check(0 < self.kv_cache_fraction <= 1, "kv_cache_fraction", self.kv_cache_fraction, "must be in (0, 1]")
@@ -32,13 +39,12 @@ class EngineConfig:
         _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 1")
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", self.attention_backend,
                f"must be one of {ATTENTION_BACKENDS}")
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.dtype == "auto":
+            self.dtype = auto_dtype(self.device)
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {tuple(DTYPES)}")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
         _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
-        try:
-            torch.device(self.device)
-        except RuntimeError as exc:
-            raise ValueError(f"EngineConfig.device: invalid device {self.device!r}") from exc
 
     @property
     def torch_dtype(self) -> torch.dtype:

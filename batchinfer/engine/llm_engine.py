@@ -16,6 +16,9 @@ from .sequence import Sequence
 from .stop_checker import StopChecker
 from .types import GenerationRequest, GenerationResult, now
 
+# torch.Generator.manual_seed takes any value that fits in 64 bits, signed or unsigned.
+MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
+
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
@@ -48,7 +51,7 @@ class LLMEngine:
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
                        req.arrival_time if req.arrival_time is not None else now())
         self.seqs[seq.request_id] = seq
-        self.runner.sampler.add(seq.request_id, seq.sampling)
+        self.runner.sampler.add(seq.request_id, seq.sampling, self.config.device)
         self.scheduler.add(seq)
 
     def step(self) -> list[GenerationResult]:
@@ -72,13 +75,19 @@ class LLMEngine:
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
-        """Run all requests to completion; on_result sees each as it finishes, the list keeps input order."""
-        requests = list(requests)
-        for req in requests:  # refuse the batch before any of it runs
-            self.check_request(req)
-        order = []
+        """Run all requests to completion; on_result sees each as it finishes, the list keeps input order.
+
+        A request the engine cannot run (empty, over the context, a bad seed, a duplicate id) gets an
+        error result of its own (GenerationResult.error); the rest of the batch runs."""
+        order: list[str] = []
+        refused: dict[int, GenerationResult] = {}  # by position: a duplicate id must not hide its error
         for req in requests:
-            self.add_request(req)
+            try:
+                self.add_request(req)
+            except ValueError as exc:
+                refused[len(order)] = GenerationResult.failed(req, str(exc))
+                if on_result is not None:
+                    on_result(refused[len(order)])
             order.append(req.request_id)
         results: dict[str, GenerationResult] = {}
         while self.has_unfinished():
@@ -86,7 +95,7 @@ class LLMEngine:
                 results[result.request_id] = result
                 if on_result is not None:
                     on_result(result)
-        return [results[rid] for rid in order]
+        return [refused.get(i) or results[rid] for i, rid in enumerate(order)]
 
     @property
     def num_preemptions(self) -> int:
@@ -105,6 +114,9 @@ class LLMEngine:
     def check_request(self, req: GenerationRequest) -> None:
         """Raise ValueError if the request can never run here (empty, too long for the context or the KV cache)."""
         total = len(req.prompt_token_ids) + req.sampling.max_tokens
+        if req.sampling.seed is not None and not MIN_SEED <= req.sampling.seed <= MAX_SEED:
+            raise ValueError(f"request {req.request_id}: seed {req.sampling.seed} is outside the range torch takes "
+                             f"[{MIN_SEED}, {MAX_SEED}]")
         if not req.prompt_token_ids:
             raise ValueError(f"request {req.request_id}: empty prompt")
         if len(req.prompt_token_ids) >= self.max_model_len:

@@ -30,7 +30,9 @@ class Sequence:
         self.num_preemptions = 0
         self.skipped_steps = 0  # steps spent waiting while others were admitted (anti-starvation)
         self.finish_reason: str | None = None
-        self.text = ""
+        self.text = ""  # decoded so far, kept only when stop strings are searched
+        self.prefix_offset = 0  # incremental detokenization: output tokens decoded as context
+        self.read_offset = 0  # ... and where the text already in self.text ends
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

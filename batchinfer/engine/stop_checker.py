@@ -1,7 +1,13 @@
-"""When a sequence stops: EOS, a stop string in the decoded text, or max_tokens (finish_reason)."""
+"""When a sequence stops: EOS, a stop string in the decoded text, or max_tokens (finish_reason).
+
+Stop strings are searched in text decoded incrementally (vLLM's detokenizer offsets): each step
+decodes only the last few tokens, and holds text back while it ends in a partial UTF-8 character.
+"""
 from __future__ import annotations
 
 from .sequence import Sequence
+
+REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 character decodes to
 
 
 class StopChecker:
@@ -21,9 +27,9 @@ class StopChecker:
         return None
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
-        """Decode the completion so far and cut it at the first stop string found in the new text."""
+        """Extend the decoded text by the new token's characters; cut at the first stop string in them."""
         previous = len(seq.text)
-        seq.text = self.decode(seq.output_token_ids)
+        seq.text += self._decode_delta(seq)
         longest = max(len(s) for s in seq.sampling.stop)
         search_from = max(0, previous - longest + 1)
         found = [i for i in (seq.text.find(s, search_from) for s in seq.sampling.stop) if i >= 0]
@@ -32,10 +38,23 @@ class StopChecker:
         seq.text = seq.text[:min(found)]
         return True
 
+    def _decode_delta(self, seq: Sequence) -> str:
+        """The characters the newest tokens complete; empty while they end in a partial character."""
+        out = seq.output_token_ids
+        before = self.decode(out[seq.prefix_offset:seq.read_offset])
+        after = self.decode(out[seq.prefix_offset:])
+        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
+            return ""
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(out)
+        return after[len(before):]
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def final_text(self, seq: Sequence) -> str:
         if seq.sampling.stop and seq.finish_reason == "stop" and seq.token_ids[-1] not in self.eos_token_ids:
             return seq.text  # already cut at the stop string
-        return self.decode(seq.output_token_ids)
+        text = self.decode(seq.output_token_ids)
+        if seq.finish_reason == "length":
+            text = text.rstrip(REPLACEMENT_CHAR)  # max_tokens cut a multi-byte character: drop its first bytes
+        return text

@@ -44,13 +44,24 @@ class GenerationResult:
     request_id: str
     output_token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "error"
     prompt_tokens: int
     cached_tokens: int
     arrival_time: float
     first_scheduled_time: float
     first_token_time: float
     last_token_time: float
+    error: str | None = None  # set (finish_reason "error") when the engine could not run this request
+
+    @classmethod
+    def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":
+        """The result of a request the engine refused: no tokens, the reason in error."""
+        t = req.arrival_time if req.arrival_time is not None else now()
+        return cls(req.request_id, [], "", "error", len(req.prompt_token_ids), 0, t, t, t, t, error=message)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
     @property
     def completion_tokens(self) -> int:

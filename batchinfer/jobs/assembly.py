@@ -15,12 +15,13 @@ _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was
                      RequestStatus.EXPIRED: ("batch_expired", "the batch's completion window passed before this request ran")}
 
 
-def _unit_records(storage: Storage, result_key: str, job_id: str) -> Iterator[tuple[int, bool, bytes]]:
-    """(line, ok, output line) of one job in one unit's result file (sorted by job, then index)."""
+def _unit_records(storage: Storage, result_key: str, job_id: str, committed: set[int]) -> Iterator[tuple[int, bool, bytes]]:
+    """(line, ok, output line) of one job in one unit's result file (sorted by job, then index). Only the
+    requests this unit committed: a request cancelled while the unit ran is in the file but not counted."""
     with storage.open_read(result_key) as stream:
         for raw in stream:
             entry = json.loads(raw)
-            if entry["job_id"] == job_id:
+            if entry["job_id"] == job_id and entry["index"] in committed:
                 yield entry["line"], entry["ok"], formats.dumps(entry["record"])
 
 
@@ -41,11 +42,15 @@ def _unfinished_records(session, job_id: str) -> Iterator[tuple[int, bool, bytes
         yield line, False, formats.dumps(formats.error_line(job_id, index, custom_id, code, message, line))
 
 
-def _result_keys(session, job_id: str) -> list[str]:
-    query = (select(WorkUnit.result_key).distinct().join(Request, Request.unit_id == WorkUnit.id)
+def _result_keys(session, job_id: str) -> dict[str, set[int]]:
+    """Each committed unit's results file, with the indices of this job's requests it finished."""
+    query = (select(WorkUnit.result_key, Request.index).join(Request, Request.unit_id == WorkUnit.id)
              .where(Request.job_id == job_id, Request.status.in_((RequestStatus.COMPLETED, RequestStatus.FAILED)),
                     WorkUnit.result_key.is_not(None)))
-    return sorted(session.scalars(query))
+    found: dict[str, set[int]] = {}
+    for key, index in session.execute(query):
+        found.setdefault(key, set()).add(index)
+    return found
 
 
 def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
@@ -53,7 +58,7 @@ def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
     result_keys = _result_keys(session, job_id)
 
     def merged():
-        sources = [_unit_records(storage, key, job_id) for key in result_keys]
+        sources = [_unit_records(storage, key, job_id, result_keys[key]) for key in sorted(result_keys)]
         return heapq.merge(*sources, key=lambda r: r[0])
 
     with storage.open_write(keys.job_output(job_id)) as out:

@@ -1,14 +1,14 @@
-"""The job service: submit, status, list, cancel, expire, finalize and download batch jobs."""
+"""The job service: submit, status, list, cancel and download batch jobs (periodic steps: jobs.lifecycle)."""
 from __future__ import annotations
 
 import time
 import uuid
 from typing import BinaryIO
 
-from sqlalchemy import delete, exists, insert, select, update
+from sqlalchemy import delete, insert, select
 
 from batchinfer.jobs import formats, keys
-from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.lifecycle import close_unstarted, try_finalize
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import transaction
@@ -18,7 +18,6 @@ from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
-FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
 
 
 def new_job_id() -> str:
@@ -29,22 +28,43 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
            metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
            priority: int = 0, now: float | None = None) -> Job:
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
+    job = create_job(ctx, filename=filename, model=model, metadata=metadata, completion_window=completion_window,
+                     skip_invalid=skip_invalid, priority=priority, now=now)
+    ctx.storage.upload(job.input_key, source)
+    return validate_job(ctx, job.id)
+
+
+def create_job(ctx: AppContext, *, input_key: str | None = None, filename: str = "", model: str | None = None,
+               metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
+               priority: int = 0, now: float | None = None, **fields) -> Job:
+    """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file), else the
+    job's own input key, which the caller fills before `validate_job`. `fields` are further Job columns."""
     settings = ctx.settings
     model = model or settings.model_id
     if model != settings.model_id:
         raise InvalidRequest(f"model_not_found: model {model!r} is not served here (use {settings.model_id!r})")
     window = parse_duration(completion_window or settings.completion_window)
     now = now or time.time()
-    job = Job(id=new_job_id(), status=JobStatus.VALIDATING, model=model, input_filename=filename,
+    job_id = new_job_id()
+    job = Job(id=job_id, status=JobStatus.VALIDATING, model=model, input_filename=filename,
               metadata_=dict(metadata or {}), skip_invalid=skip_invalid, priority=priority,
               completion_window_s=window, created_at=now, expires_at=now + window,
-              input_key=keys.job_input(""), errors=[])
-    job.input_key = keys.job_input(job.id)
+              input_key=input_key or keys.job_input(job_id), errors=[], **fields)
     with transaction(ctx.sessions) as session:
         session.add(job)
-    ctx.storage.upload(job.input_key, source)
+    return job
+
+
+def validate_job(ctx: AppContext, job_id: str) -> Job:
+    """Validate a `validating` job's stored input and move it on to queued or failed. Safe to rerun after a
+    crash: it starts clean. A cancel that lands meanwhile wins: the job then stays cancelled."""
+    job = get(ctx, job_id)
+    if job.status != JobStatus.VALIDATING:
+        return job
+    with transaction(ctx.sessions) as session:  # a rerun after a crash drops what the crashed run inserted
+        session.execute(delete(Request).where(Request.job_id == job_id))
     report = _validate(ctx, job)
-    return _after_validation(ctx, job.id, report)
+    return _after_validation(ctx, job_id, report)
 
 
 def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
@@ -85,7 +105,10 @@ def _runs(job: Job, report: ValidationReport) -> bool:
 def _after_validation(ctx: AppContext, job_id: str, report: ValidationReport) -> Job:
     now = time.time()
     with transaction(ctx.sessions) as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id, with_for_update=True)
+        if job.status != JobStatus.VALIDATING:  # cancelled while it validated: nothing of it runs
+            session.execute(delete(Request).where(Request.job_id == job_id))
+            return job
         job.errors = [e.to_dict() for e in report.errors]
         job.error_count = report.error_count
         job.total = report.lines
@@ -98,72 +121,46 @@ def _after_validation(ctx: AppContext, job_id: str, report: ValidationReport) ->
     return job
 
 
-def get(ctx: AppContext, job_id: str) -> Job:
+# `owner` scopes a call to one tenant: another tenant's job answers exactly as a missing one.
+ANY_OWNER = object()
+
+
+def get(ctx: AppContext, job_id: str, owner=ANY_OWNER) -> Job:
     with ctx.sessions() as session:
         job = session.get(Job, job_id)
-    if job is None:
+    if job is None or (owner is not ANY_OWNER and job.owner_id != owner):
         raise JobNotFound(f"no job {job_id!r}")
     return job
 
 
-def list_jobs(ctx: AppContext, limit: int = 50) -> list[Job]:
+def list_jobs(ctx: AppContext, limit: int = 50, owner=ANY_OWNER, after: str | None = None) -> list[Job]:
+    """Newest first; `after` is the id of the last job of the previous page."""
+    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    if owner is not ANY_OWNER:
+        query = query.where(Job.owner_id == owner)
     with ctx.sessions() as session:
-        return list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)))
+        if after is not None:
+            anchor = session.get(Job, after)
+            if anchor is None or (owner is not ANY_OWNER and anchor.owner_id != owner):
+                return []
+            query = query.where((Job.created_at < anchor.created_at)
+                                | ((Job.created_at == anchor.created_at) & (Job.id < anchor.id)))
+        return list(session.scalars(query))
 
 
-def cancel(ctx: AppContext, job_id: str, now: float | None = None) -> Job:
+def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWNER) -> Job:
     """Stop what has not started; everything finished so far is kept in the output."""
     now = now or time.time()
     with transaction(ctx.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
-        if job is None:
+        if job is None or (owner is not ANY_OWNER and job.owner_id != owner):
             raise JobNotFound(f"no job {job_id!r}")
         if job.status in JobStatus.TERMINAL or job.status == JobStatus.CANCELLING:
             raise BatchInferError(f"job {job_id} is already {job.status}")
         job.status, job.cancelling_at = JobStatus.CANCELLING, now
-        _close_unstarted(session, job_id, RequestStatus.CANCELLED)
-    try_finalize(ctx, job_id)
+        close_unstarted(session, job_id, RequestStatus.CANCELLED)
+    try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it
     return get(ctx, job_id)
-
-
-def _close_unstarted(session, job_id: str, status: str) -> int:
-    result = session.execute(update(Request).where(Request.job_id == job_id,
-                                                   Request.status.in_(RequestStatus.UNSTARTED)).values(status=status))
-    session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + result.rowcount))
-    return result.rowcount
-
-
-def expire_overdue(ctx: AppContext, now: float | None = None) -> list[str]:
-    """Jobs past their completion window: unstarted requests become batch_expired, finished ones are kept."""
-    now = now or time.time()
-    with transaction(ctx.sessions) as session:
-        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)))
-        for job_id in overdue:
-            _close_unstarted(session, job_id, RequestStatus.EXPIRED)
-    for job_id in overdue:
-        try_finalize(ctx, job_id)
-    return overdue
-
-
-def try_finalize(ctx: AppContext, job_id: str) -> bool:
-    """Assemble the files once no request is open; the status fence lets only one caller do it."""
-    now = time.time()
-    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
-    with transaction(ctx.sessions) as session:
-        won = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(FINALIZABLE), ~open_requests)
-                              .values(status=JobStatus.FINALIZING, finalizing_at=now)
-                              .returning(Job.cancelling_at)).first()
-    if won is None:
-        return False
-    with transaction(ctx.sessions) as session:
-        output_key, error_key = assemble(session, ctx.storage, job_id)
-        expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
-        job = session.get(Job, job_id)
-        job.output_key, job.error_key = output_key, error_key
-        final = JobStatus.CANCELLED if won.cancelling_at else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
-        job.status = final
-        setattr(job, f"{final}_at", time.time())
-    return True
 
 
 def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = False) -> bool:

@@ -11,12 +11,12 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import bindparam, distinct, func, select, update
+from sqlalchemy import and_, bindparam, distinct, func, or_, select, update
 
 from batchinfer.jobs import keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
-from batchinfer.db.session import transaction
+from batchinfer.db.session import retrying
 from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_priorities
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
@@ -36,29 +36,50 @@ def planner_config(ctx: AppContext) -> PlannerConfig:
                          max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping)
 
 
+UNITS_PER_COMMIT = 16
+
+
 def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: PlannerConfig | None = None,
              worker_loads: list[WorkerLoad] | None = None) -> list[DispatchedUnit]:
     """Plan every pending request into units, persist them, and return them in planner order.
 
+    No lock is held across I/O: the plan is made from a snapshot, each unit's input is written to storage
+    first, then its requests are claimed (FOR UPDATE SKIP LOCKED, still pending, job still runnable) and
+    the units committed a batch at a time. A request another dispatcher or a cancel took meanwhile is
+    skipped: a unit holds only the requests it claimed.
+
     With worker_loads (the registry's view), the whole plan is routed at once (route_units);
     otherwise each unit goes through choose_queue on the live worker names.
     """
-    with transaction(ctx.sessions) as session:
+    with ctx.sessions() as session:
         jobs = {job.id: job for job in session.scalars(
-            select(Job).where(Job.status.in_(JobStatus.RUNNABLE)).order_by(Job.created_at).with_for_update())}
+            select(Job).where(Job.status.in_(JobStatus.RUNNABLE)).order_by(Job.created_at))}
         pending = _pending_indices(session, list(jobs))
-        if not pending:
-            return []
-        prepared = _load_prepared(ctx, pending)
-        requests = [PendingRequest(job_id, index, tuple(prepared[job_id, index].prompt_token_ids),
-                                   prepared[job_id, index].sampling["max_tokens"], jobs[job_id].priority,
-                                   jobs[job_id].queued_at or jobs[job_id].created_at)
-                    for job_id, indices in pending.items() for index in sorted(indices)]
-        plans = plan_units(requests, config or planner_config(ctx))
-        queues = _route(plans, live_workers or [], worker_loads)
-        priorities = service_priorities(plans, _served_units(session, list(jobs)), {j: job.priority for j, job in jobs.items()})
-        return [_persist_unit(ctx, session, plan, prepared, queue, priority)
-                for plan, queue, priority in zip(plans, queues, priorities)]
+        served = _served_units(session, list(jobs)) if pending else {}
+    if not pending:
+        return []
+    prepared = _load_prepared(ctx, pending)
+    requests = [PendingRequest(job_id, index, tuple(prepared[job_id, index].prompt_token_ids),
+                               prepared[job_id, index].sampling["max_tokens"], jobs[job_id].priority,
+                               jobs[job_id].queued_at or jobs[job_id].created_at)
+                for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
+    plans = plan_units(requests, config or planner_config(ctx))
+    queues = _route(plans, live_workers or [], worker_loads)
+    priorities = service_priorities(plans, served, {j: job.priority for j, job in jobs.items()})
+    planned = list(zip(plans, queues, priorities))
+    units = []
+    for start in range(0, len(planned), UNITS_PER_COMMIT):
+        batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
+        for unit_id, plan, _, _ in batch:
+            _write_input(ctx, unit_id, plan, prepared)
+        units += retrying(ctx.sessions, lambda session: [u for u in (_persist_unit(session, *entry) for entry in batch) if u])
+    return units
+
+
+def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
+    with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
+        for req in plan.requests:
+            out.write(json.dumps({"job_id": req.job_id, **asdict(prepared[req.job_id, req.index])}).encode() + b"\n")
 
 
 def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
@@ -97,16 +118,26 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     return found
 
 
-def _persist_unit(ctx: AppContext, session, plan: UnitPlan, prepared, queue: str, priority: int) -> DispatchedUnit:
-    unit_id = f"unit_{uuid.uuid4().hex}"
-    with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
-        for req in plan.requests:
-            out.write(json.dumps({"job_id": req.job_id, **asdict(prepared[req.job_id, req.index])}).encode() + b"\n")
+def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, priority: int) -> DispatchedUnit | None:
+    """Claim the plan's requests that are still pending in a runnable job, and record the unit over them."""
+    wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
+    by_job: dict[str, list[int]] = defaultdict(list)
+    for job_id, index in wanted:
+        by_job[job_id].append(index)
+    mine = or_(*(and_(Request.job_id == j, Request.index.in_(idx)) for j, idx in sorted(by_job.items())))
+    rows = session.execute(select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
+                           .where(mine, Request.status == RequestStatus.PENDING,
+                                  Job.status.in_(JobStatus.RUNNABLE))
+                           .with_for_update(of=Request, skip_locked=True))
+    claimed = sorted(key for key in (tuple(row) for row in rows) if key in wanted)
+    if not claimed:
+        return None
+    now = time.time()
     session.add(WorkUnit(id=unit_id, status=UnitStatus.QUEUED, queue=queue, prefix_key=plan.prefix_key,
-                         shared_prefix_len=plan.shared_prefix_len, num_requests=len(plan.requests),
-                         input_key=keys.unit_input(unit_id), created_at=time.time()))
+                         shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
+                         input_key=keys.unit_input(unit_id), created_at=now, dispatched_at=now))
     session.flush()
     stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
             .values(status=RequestStatus.PLANNED, unit_id=unit_id, unit_pos=bindparam("p")))
-    session.connection().execute(stmt, [{"j": r.job_id, "i": r.index, "p": pos} for pos, r in enumerate(plan.requests)])
-    return DispatchedUnit(unit_id, queue, len(plan.requests), priority)
+    session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
+    return DispatchedUnit(unit_id, queue, len(claimed), priority)

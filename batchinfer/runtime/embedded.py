@@ -6,6 +6,7 @@ from typing import Callable
 from sqlalchemy import select
 
 from batchinfer.context import AppContext
+from batchinfer.jobs.lifecycle import sweep_jobs
 from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
@@ -16,6 +17,8 @@ EMBEDDED_WORKER = "embedded"
 
 def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = None,
                 on_loaded: Callable[[], None] | None = None) -> list[UnitOutcome]:
+    """Without a broker the sweep's job-state half runs here: before dispatch, between units and at the end."""
+    sweep_jobs(ctx)
     dispatch(ctx, [EMBEDDED_WORKER])
     unit_ids = _unfinished_units(ctx)  # includes units an interrupted earlier run left behind
     if not unit_ids:
@@ -23,7 +26,11 @@ def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = No
     generator = get_generator(ctx.settings)
     if on_loaded:
         on_loaded()
-    return [run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result) for unit_id in unit_ids]
+    outcomes = []
+    for unit_id in unit_ids:
+        outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+        sweep_jobs(ctx)
+    return outcomes
 
 
 def _unfinished_units(ctx: AppContext) -> list[str]:

@@ -19,12 +19,12 @@ def _engine_config(settings: Settings):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes)
+    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype)
 
 
 def get_generator(settings: Settings):
     """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf), loaded once per process."""
-    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes)
+    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype)
     if key not in _generators:
         started = time.time()
         _generators[key] = generator = _load(settings)

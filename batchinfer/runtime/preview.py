@@ -30,3 +30,28 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     estimate = estimate_plan(pending, config, tokens_per_s=rate or None, units=len(plan_units(pending, config)))
     estimate.workers = len(workers)
     return estimate, report
+
+
+def estimate_key(estimate_id: str) -> str:
+    return f"estimates/{estimate_id}.json"
+
+
+def estimate_file(ctx: AppContext, input_key: str, workers: list[WorkerState]) -> dict:
+    """The estimate of a stored input file, as `batchinfer plan --json` prints it."""
+    from batchinfer.runtime.dispatch import planner_config
+
+    with ctx.storage.open_read(input_key) as source:
+        estimate, report = preview(ctx, source, planner_config(ctx), workers)
+    return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid,
+            "errors": [e.to_dict() for e in report.errors]}
+
+
+def store_estimate(ctx: AppContext, estimate_id: str, input_key: str, workers: list[WorkerState]) -> None:
+    import io
+    import json
+
+    try:
+        result = estimate_file(ctx, input_key, workers)
+    except Exception as exc:  # the API reports it; the worker goes on
+        result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    ctx.storage.upload(estimate_key(estimate_id), io.BytesIO(json.dumps(result).encode()))

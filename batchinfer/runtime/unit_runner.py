@@ -14,13 +14,18 @@ from typing import Callable
 
 from sqlalchemy import bindparam, select, update
 
-from batchinfer.jobs import formats, keys, service
+from batchinfer.jobs import formats, keys, lifecycle
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
-from batchinfer.db.session import transaction
+from batchinfer.db.session import retrying
 from batchinfer.engine.types import GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
+
+
+class UnitInterrupted(Exception):
+    """The worker is shutting down mid-unit: nothing is committed, and the sweep reruns the unit."""
 
 
 @dataclass
@@ -35,14 +40,15 @@ class UnitOutcome:
 
 
 def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
-             on_result: Callable[[object], None] | None = None) -> UnitOutcome:
-    service.expire_overdue(ctx)
-    started = _start(ctx, unit_id, worker)
+             on_result: Callable[[object], None] | None = None, incarnation: str | None = None,
+             stopping: Callable[[], bool] = lambda: False) -> UnitOutcome:
+    """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted."""
+    started = _start(ctx, unit_id, worker, incarnation)
     if started is None:
         return UnitOutcome(unit_id, committed=False)
     attempt, to_run, prefix_key = started
     requests = _load_requests(ctx, unit_id, to_run)
-    records = _generate(requests, generator, worker, on_result)
+    records = _generate(requests, generator, worker, on_result, stopping)
     work_tokens = sum(r["tokens"][0] - r["tokens"][2] + r["tokens"][1] for r in records.values())
     result_key = keys.unit_results(unit_id, attempt)
     with ctx.storage.open_write(result_key) as out:
@@ -52,31 +58,36 @@ def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     if outcome.committed:
         jobs = sorted({job_id for job_id, _ in to_run} | _jobs_of_unit(ctx, unit_id))
-        outcome.finalized_jobs = tuple(j for j in jobs if service.try_finalize(ctx, j))
+        # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
+        outcome.finalized_jobs = tuple(j for j in jobs if lifecycle.try_finalize(ctx, j))
     return outcome
 
 
-def _start(ctx: AppContext, unit_id: str, worker: str) -> tuple[int, set[tuple[str, int]], str] | None:
+def _start(ctx: AppContext, unit_id: str, worker: str,
+           incarnation: str | None = None) -> tuple[int, set[tuple[str, int]], str] | None:
     """Mark the unit and its still-wanted requests running; None when the unit is already done."""
     now = time.time()
-    with transaction(ctx.sessions) as session:
+
+    def work(session):
         unit = session.get(WorkUnit, unit_id, with_for_update=True)
         if unit is None or unit.status == UnitStatus.DONE:
             return None
-        unit.status, unit.started_at, unit.worker = UnitStatus.RUNNING, now, worker
+        unit.status, unit.started_at, unit.worker, unit.incarnation = UnitStatus.RUNNING, now, worker, incarnation
         unit.attempts += 1
         runnable = (select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
                     .where(Request.unit_id == unit_id, Job.status.in_(JobStatus.RUNNABLE),
                            Request.status.in_((RequestStatus.PLANNED, RequestStatus.RUNNING))))
         to_run = {(j, i) for j, i in session.execute(runnable)}
+        for job_id in sorted({j for j, _ in to_run}):  # job rows before request rows, in id order
+            session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
+                            .values(status=JobStatus.IN_PROGRESS, in_progress_at=now))
         stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
                 .values(status=RequestStatus.RUNNING))
         if to_run:
-            session.connection().execute(stmt, [{"j": j, "i": i} for j, i in to_run])
-        job_ids = {j for j, _ in to_run}
-        session.execute(update(Job).where(Job.id.in_(job_ids), Job.status == JobStatus.QUEUED)
-                        .values(status=JobStatus.IN_PROGRESS, in_progress_at=now))
+            session.connection().execute(stmt, [{"j": j, "i": i} for j, i in sorted(to_run)])
         return unit.attempts, to_run, unit.prefix_key
+
+    return retrying(ctx.sessions, work)
 
 
 def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) -> list[dict]:
@@ -89,24 +100,70 @@ def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) 
     return wanted
 
 
-def _generate(requests: list[dict], generator, worker: str, on_result) -> dict[tuple[str, int], dict]:
+def _generate(requests: list[dict], generator, worker: str, on_result,
+              stopping: Callable[[], bool] = lambda: False) -> dict[tuple[str, int], dict]:
+    """One engine call for the unit. A request the engine refuses fails alone: it is checked before the
+    batch runs, and a batch that fails anyway is run again one request at a time."""
+    records: dict[tuple[str, int], dict] = {}
+    runnable = []
+    for r in requests:
+        refused = _refusal(generator, r)
+        if refused:
+            records[r["job_id"], r["index"]] = _error_record(r, "invalid_request", refused)
+        else:
+            runnable.append(r)
+    try:
+        records.update(_run_batch(runnable, generator, worker, on_result))
+    except Exception as exc:
+        if stopping():
+            raise UnitInterrupted(f"worker shutting down: {exc}") from exc
+        if len(runnable) == 1:
+            r = runnable[0]
+            log.warning("request %s:%s failed in the engine: %s", r["job_id"], r["index"], _cause(exc))
+            records[r["job_id"], r["index"]] = _error_record(r, "server_error", f"generation failed: {_cause(exc)}")
+        else:
+            log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(runnable))
+            for r in runnable:
+                records.update(_generate([r], generator, worker, on_result, stopping))
+    return records
+
+
+def _run_batch(requests: list[dict], generator, worker: str, on_result) -> dict[tuple[str, int], dict]:
+    if not requests:
+        return {}
     by_id = {f"{r['job_id']}:{r['index']}": r for r in requests}
     gen_requests = [GenerationRequest(rid, r["prompt_token_ids"], _sampling(r["sampling"])) for rid, r in by_id.items()]
-    records: dict[tuple[str, int], dict] = {}
-    try:
-        results = generator.generate(gen_requests, on_result=on_result)
-    except Exception as exc:  # the engine failed the whole unit: its requests fail, nothing is lost silently
-        log.exception("unit generation failed")
-        for r in requests:
-            records[r["job_id"], r["index"]] = _error_record(r, "server_error", f"generation failed: {exc}")
-        return records
-    for result in results:
+    records = {}
+    for result in generator.generate(gen_requests, on_result=on_result):
         r = by_id[result.request_id]
+        error = getattr(result, "error", None)  # an engine that reports per-request errors
+        if error:
+            records[r["job_id"], r["index"]] = _error_record(r, "invalid_request", str(error)[:500])
+            continue
         line = formats.output_line(r["job_id"], r["index"], r["custom_id"], r["url"], r["model"], result, worker)
         records[r["job_id"], r["index"]] = {"job_id": r["job_id"], "index": r["index"], "line": r["line"], "ok": True,
                                            "record": line, "tokens": [result.prompt_tokens, result.completion_tokens,
                                                                       result.cached_tokens]}
     return records
+
+
+def _refusal(generator, r: dict) -> str | None:
+    """Why the engine can never run this request, or None (checked before the batch, so it fails alone)."""
+    seed = r["sampling"].get("seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        return f"seed {str(seed)[:40]} is outside the range the sampler accepts"
+    check = getattr(generator, "check_request", None)
+    if check is None:
+        return None
+    try:
+        check(GenerationRequest(f"{r['job_id']}:{r['index']}", r["prompt_token_ids"], _sampling(r["sampling"])))
+    except ValueError as exc:
+        return str(exc)[:500]
+    return None
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _sampling(params: dict) -> SamplingParams:
@@ -121,31 +178,66 @@ def _error_record(r: dict, code: str, message: str) -> dict:
 
 
 def _commit(ctx: AppContext, unit_id: str, result_key: str, records: dict) -> UnitOutcome:
-    with transaction(ctx.sessions) as session:
-        fence = session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status != UnitStatus.DONE)
-                                .values(status=UnitStatus.DONE, result_key=result_key, finished_at=time.time()))
-        if fence.rowcount != 1:
-            log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
-            return UnitOutcome(unit_id, committed=False)
-        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-        for status in (RequestStatus.COMPLETED, RequestStatus.FAILED):
-            ok = status == RequestStatus.COMPLETED
-            batch = [{"j": j, "i": i} for (j, i), rec in records.items() if rec["ok"] == ok]
-            if batch:
-                stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"),
-                                              Request.status == RequestStatus.RUNNING).values(status=status))
-                session.connection().execute(stmt, batch)
-        for (job_id, _), rec in records.items():
-            t = totals[job_id]
-            t[0 if rec["ok"] else 1] += 1
-            for k in range(3):
-                t[2 + k] += rec["tokens"][k]
-        for job_id, (done, failed, prompt, completion, cached) in totals.items():
-            session.execute(update(Job).where(Job.id == job_id).values(
-                completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
-                completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
+    return retrying(ctx.sessions, lambda session: _commit_in(session, unit_id, result_key, records))
+
+
+def _commit_in(session, unit_id: str, result_key: str, records: dict) -> UnitOutcome:
+    fence = session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status != UnitStatus.DONE)
+                            .values(status=UnitStatus.DONE, result_key=result_key, finished_at=time.time(),
+                                    last_error=None))
+    if fence.rowcount != 1:
+        log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
+        return UnitOutcome(unit_id, committed=False)
+    job_ids = sorted({j for j, _ in records})
+    if job_ids:  # job rows before request rows, in id order (the lock order of the whole job system)
+        session.execute(select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update())
+    still_open = set(session.execute(select(Request.job_id, Request.index).where(
+        Request.unit_id == unit_id, Request.status.in_((RequestStatus.PLANNED, RequestStatus.RUNNING)))))
+    records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
+    for status in (RequestStatus.COMPLETED, RequestStatus.FAILED):
+        ok = status == RequestStatus.COMPLETED
+        batch = [{"j": j, "i": i} for (j, i), rec in sorted(records.items()) if rec["ok"] == ok]
+        if batch:
+            stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
+                    .values(status=status))
+            session.connection().execute(stmt, batch)
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    for (job_id, _), rec in records.items():
+        t = totals[job_id]
+        t[0 if rec["ok"] else 1] += 1
+        for k in range(3):
+            t[2 + k] += rec["tokens"][k]
+    for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
+        session.execute(update(Job).where(Job.id == job_id).values(
+            completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
+            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
     n_ok = sum(1 for r in records.values() if r["ok"])
     return UnitOutcome(unit_id, committed=True, completed=n_ok, failed=len(records) - n_ok)
+
+
+def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:
+    """A unit that kept failing (its retries are spent): its open requests fail with server_error and the
+    cause, into a results file like any run's, so the job can finish."""
+    with ctx.sessions() as session:
+        unit = session.get(WorkUnit, unit_id)
+        if unit is None or unit.status == UnitStatus.DONE:
+            return UnitOutcome(unit_id, committed=False)
+        attempt = unit.attempts + 1
+        open_ = set(session.execute(select(Request.job_id, Request.index).where(
+            Request.unit_id == unit_id, Request.status.in_((RequestStatus.PLANNED, RequestStatus.RUNNING)))))
+    requests = _load_requests(ctx, unit_id, open_)
+    records = {(r["job_id"], r["index"]): _error_record(r, "server_error", f"the unit failed {attempt - 1} "
+                                                          f"times: {cause}"[:500]) for r in requests}
+    result_key = keys.unit_results(unit_id, attempt)
+    with ctx.storage.open_write(result_key) as out:
+        for key in sorted(records):
+            out.write(json.dumps(records[key], separators=(",", ":")).encode() + b"\n")
+    outcome = _commit(ctx, unit_id, result_key, records)
+    if outcome.committed:
+        log.error("unit %s failed for good: %d requests fail with server_error (%s)", unit_id, len(records), cause)
+        for job_id in sorted({j for j, _ in records}):
+            lifecycle.try_finalize(ctx, job_id)
+    return outcome
 
 
 def _jobs_of_unit(ctx: AppContext, unit_id: str) -> set[str]:

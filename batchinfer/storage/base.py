@@ -29,6 +29,10 @@ class Storage(ABC):
     def delete(self, key: str) -> None: ...
 
     @abstractmethod
+    def size(self, key: str) -> int:
+        """The object's length in bytes; raises FileNotFoundError when there is none."""
+
+    @abstractmethod
     def url(self, key: str) -> str:
         """Where the object lives, for people (file://... or s3://...)."""
 

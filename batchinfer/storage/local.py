@@ -43,5 +43,8 @@ class LocalStorage(Storage):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def size(self, key: str) -> int:
+        return self._path(key).stat().st_size
+
     def url(self, key: str) -> str:
         return f"file://{self._path(key)}"

@@ -12,6 +12,9 @@ from contextlib import contextmanager
 from batchinfer.storage.base import Storage
 
 PART_BYTES = 8 * 1024 * 1024
+# Transient faults (connection refused, throttling, 5xx) retried with backoff by botocore itself, about
+# half a minute in all; what still fails reaches the caller (a unit is then rerun by the sweep).
+RETRIES = {"max_attempts": 8, "mode": "standard"}
 
 
 class _BodyReader(io.RawIOBase):
@@ -43,10 +46,11 @@ class S3Storage(Storage):
     def __init__(self, bucket: str, prefix: str = "", client=None):
         import boto3
         from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3")
+        self.client = client or boto3.client("s3", config=Config(retries=RETRIES, connect_timeout=5, read_timeout=60))
         self.client.meta.events.register("before-send.s3", _drop_expect_header)
         self._transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
 
@@ -82,6 +86,16 @@ class S3Storage(Storage):
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def size(self, key: str) -> int:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(key) from exc
+            raise
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._key(key)}"

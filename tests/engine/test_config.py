@@ -17,3 +17,12 @@ def test_invalid_field_is_named_in_the_error(field, value):
 def test_byte_budget_wins_over_fraction():
     assert EngineConfig(kv_cache_bytes=1234, kv_cache_fraction=0.5).kv_budget_bytes() == 1234
     assert EngineConfig(kv_cache_fraction=0.01).kv_budget_bytes() > 0
+
+
+def test_dtype_auto_resolves_to_a_concrete_dtype_and_aliases_are_accepted():
+    from batchinfer.engine.dtype import cpu_has_native_bf16
+
+    auto = EngineConfig(dtype="auto")
+    assert auto.dtype == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    assert EngineConfig(dtype="bf16").dtype == "bfloat16" and EngineConfig(dtype="fp32").dtype == "float32"
+    assert EngineConfig().dtype == "float32"  # the engine's own default stays exact

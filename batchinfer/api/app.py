@@ -1,0 +1,53 @@
+"""The ASGI app: `create_app(settings)`; `batchinfer serve` runs it on uvicorn."""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import Depends, FastAPI
+
+from batchinfer.api import batches, errors, files, metrics
+from batchinfer.api.auth import api_key
+from batchinfer.api.work import WorkQueue
+from batchinfer.context import AppContext
+from batchinfer.settings import Settings, get_settings
+
+STATIC_DIR = Path(__file__).with_name("static")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    ctx = AppContext.create(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        app.state.work.close()
+
+    app = FastAPI(title="batchinfer", version="0.1.0", lifespan=lifespan)
+    app.state.ctx, app.state.work = ctx, WorkQueue(ctx)
+    errors.install(app)
+    metrics.install(app, ctx)
+
+    @app.get("/health", include_in_schema=False)
+    def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=[Depends(api_key)])
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": settings.model_id, "object": "model", "created": 0,
+                                            "owned_by": "batchinfer"}]}
+
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    if STATIC_DIR.is_dir():  # the dashboard, when present, answers everything the API does not
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
+    return app
+
+
+def serve(host: str, port: int, settings: Settings | None = None) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")

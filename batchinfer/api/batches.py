@@ -1,0 +1,143 @@
+"""/v1/batches: create (answers at once, `validating`), list, retrieve, cancel; and our extras,
+prefix-group progress and the dry-run estimate."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, Field, field_validator
+from sqlalchemy import func, select
+
+from batchinfer.api.auth import context, owner_id
+from batchinfer.api.errors import APIError
+from batchinfer.api.pages import page
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus
+from batchinfer.jobs import files, service
+from batchinfer.jobs.batch_view import batch_object
+from batchinfer.settings import parse_duration
+
+router = APIRouter(prefix="/v1/batches")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+
+
+class OutputExpiresAfter(BaseModel):
+    anchor: str = "created_at"
+    seconds: int = Field(ge=3600, le=30 * 86400)
+
+
+class CreateBatch(BaseModel):
+    input_file_id: str = Field(max_length=64)
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+    output_expires_after: OutputExpiresAfter | None = None
+    skip_invalid: bool = False  # ours: run the valid lines; bad ones go to the error file
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > 16:
+            raise ValueError("at most 16 metadata pairs")
+        if any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
+            raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return value
+
+
+class EstimateRequest(BaseModel):
+    input_file_id: str = Field(max_length=64)
+
+
+@router.post("")
+def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(context),
+           owner: str = Depends(owner_id)) -> dict:
+    if spec.endpoint not in ENDPOINTS:
+        raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", "unsupported_endpoint", "endpoint")
+    try:
+        parse_duration(spec.completion_window)
+    except ValueError as exc:
+        raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
+    upload = _input_file(ctx, owner, spec.input_file_id)
+    _check_active_limit(ctx, owner)
+    job = service.create_job(ctx, input_key=upload.storage_key, filename=upload.filename, metadata=spec.metadata,
+                             completion_window=spec.completion_window, skip_invalid=spec.skip_invalid,
+                             owner_id=owner,
+                             input_file_id=upload.id, endpoint=spec.endpoint,
+                             output_expires_after_s=spec.output_expires_after.seconds if spec.output_expires_after else None)
+    request.app.state.work.validate(job.id)
+    return batch_object(job)
+
+
+def _input_file(ctx: AppContext, owner: str, file_id: str) -> files.FileView:
+    try:
+        upload = files.get(ctx, owner, file_id)
+    except Exception as exc:
+        raise APIError(404, f"No file with id {file_id[:64]!r}.", "file_not_found", "input_file_id") from exc
+    if upload.purpose != "batch":
+        raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.", "invalid_file", "input_file_id")
+    return upload
+
+
+def _check_active_limit(ctx: AppContext, owner: str) -> None:
+    limit = ctx.settings.max_active_batches_per_owner
+    with ctx.sessions() as session:
+        active = session.scalar(select(func.count()).select_from(Job)
+                                .where(Job.owner_id == owner, Job.status.not_in(JobStatus.TERMINAL)))
+    if active >= limit:
+        raise APIError(429, f"You have {active} unfinished batches; the limit is {limit}.", "too_many_active_batches")
+
+
+@router.get("")
+def list_batches(ctx: AppContext = Depends(context), owner: str = Depends(owner_id), after: str | None = None,
+                 limit: int = Query(20, ge=1, le=100)) -> dict:
+    jobs = service.list_jobs(ctx, limit + 1, owner=owner, after=after)
+    return page([batch_object(j) for j in jobs], limit)
+
+
+@router.post("/estimate")
+async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = Depends(context),
+                   owner: str = Depends(owner_id)) -> dict:
+    """What the file would cost (requests, tokens, prefix groups, expected cached tokens, run time); runs nothing.
+    A worker tokenizes it: the API process holds no tokenizer."""
+    from batchinfer.runtime.preview import estimate_key
+
+    upload = _input_file(ctx, owner, spec.input_file_id)
+    key = estimate_key(request.app.state.work.estimate(upload.storage_key))
+    deadline = time.time() + ctx.settings.api_estimate_wait_s
+    while time.time() < deadline:
+        if await asyncio.to_thread(ctx.storage.exists, key):
+            result = json.loads(await asyncio.to_thread(_read, ctx, key))
+            await asyncio.to_thread(ctx.storage.delete, key)
+            if "error" in result:
+                raise APIError(400, result["error"], "estimate_failed", "input_file_id")
+            return {"object": "batch.estimate", "input_file_id": upload.id, **result}
+        await asyncio.sleep(0.2)
+    raise APIError(503, "No worker answered with an estimate in time.", "estimate_timeout")
+
+
+def _read(ctx: AppContext, key: str) -> bytes:
+    with ctx.storage.open_read(key) as stream:
+        return stream.read()
+
+
+@router.get("/{batch_id}")
+def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    return batch_object(service.get(ctx, batch_id, owner=owner))
+
+
+@router.post("/{batch_id}/cancel")
+def cancel(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    return batch_object(service.cancel(ctx, batch_id, owner=owner))
+
+
+@router.get("/{batch_id}/prefix_groups")
+def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    from batchinfer.jobs.reports import group_figures, unit_figures
+
+    service.get(ctx, batch_id, owner=owner)
+    units = unit_figures(ctx, batch_id)
+    return {"object": "list", "batch_id": batch_id, "data": [g.to_dict() for g in group_figures(units)]}

@@ -1,0 +1,56 @@
+"""Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+          409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+def body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message[:1000], "type": _TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+
+
+def _reply(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body(status, message, code, param), status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return _reply(exc.status, exc.message, exc.code, exc.param)
+
+    @app.exception_handler(JobNotFound)
+    async def _not_found(_: Request, exc: JobNotFound):
+        return _reply(404, str(exc), "not_found")
+
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(_: Request, exc: InvalidRequest):
+        return _reply(400, str(exc), str(exc).split(":", 1)[0] if ":" in str(exc) else None)
+
+    @app.exception_handler(BatchInferError)
+    async def _conflict(_: Request, exc: BatchInferError):
+        return _reply(409 if "already" in str(exc) else 400, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return _reply(400, f"{param or 'request'}: {first.get('msg', 'invalid request')}", "invalid_request", param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return _reply(exc.status_code, str(exc.detail))

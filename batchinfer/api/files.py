@@ -1,0 +1,77 @@
+"""/v1/files: upload (multipart, streamed to storage), list, retrieve, content (streamed), delete."""
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+
+from batchinfer.api.auth import context, owner_id
+from batchinfer.api.errors import APIError
+from batchinfer.api.pages import page
+from batchinfer.context import AppContext
+from batchinfer.jobs import files
+from batchinfer.jobs.files import FileTooLarge, FileView
+
+router = APIRouter(prefix="/v1/files")
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the file part
+
+
+def file_object(view: FileView) -> dict:
+    return {"id": view.id, "object": "file", "bytes": view.bytes, "created_at": int(view.created_at),
+            "filename": view.filename, "purpose": view.purpose, "status": "processed",
+            "expires_at": int(view.expires_at) if view.expires_at else None, "status_details": None}
+
+
+@router.post("")
+async def upload(request: Request, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    limit = ctx.settings.max_file_bytes
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > limit + MULTIPART_OVERHEAD:
+        raise APIError(413, f"The file is over the {limit}-byte limit.", "file_too_large", "file")
+    # Starlette spools the part to a temporary file (1 MB in memory at most); we stream it on to storage.
+    form = await request.form(max_files=1, max_fields=4)
+    purpose, upload_file = form.get("purpose"), form.get("file")
+    if purpose != "batch":
+        raise APIError(400, "purpose must be 'batch'.", "invalid_purpose", "purpose")
+    if upload_file is None or isinstance(upload_file, str):
+        raise APIError(400, "A file part named 'file' is required.", "missing_file", "file")
+    try:
+        view = await run_in_threadpool(files.upload, ctx, owner, upload_file.file, upload_file.filename or "upload.jsonl")
+    except FileTooLarge as exc:
+        raise APIError(413, str(exc).split(": ", 1)[-1], "file_too_large", "file") from exc
+    finally:
+        await form.close()
+    return file_object(view)
+
+
+@router.get("")
+def list_files(ctx: AppContext = Depends(context), owner: str = Depends(owner_id), after: str | None = None,
+               limit: int = Query(100, ge=1, le=10000), order: Literal["asc", "desc"] = "desc",
+               purpose: str | None = None) -> dict:
+    views = files.list_files(ctx, owner, limit + 1, after, order, purpose)
+    return page([file_object(v) for v in views], limit)
+
+
+@router.get("/{file_id}")
+def retrieve(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    return file_object(files.get(ctx, owner, file_id))
+
+
+@router.get("/{file_id}/content")
+def content(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> StreamingResponse:
+    view = files.get(ctx, owner, file_id)
+
+    def chunks():
+        with ctx.storage.open_read(view.storage_key) as stream:
+            while chunk := stream.read(files.CHUNK):
+                yield chunk
+
+    return StreamingResponse(chunks(), media_type="application/jsonl", headers={"content-length": str(view.bytes)})
+
+
+@router.delete("/{file_id}")
+def delete(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+    files.delete(ctx, owner, file_id)
+    return {"id": file_id, "object": "file", "deleted": True}

@@ -1,0 +1,79 @@
+"""GET /metrics (Prometheus): batches by status, requests and tokens from SQL at scrape time, queue depth and
+throughput per worker from the registry, and HTTP latency."""
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from sqlalchemy import func, select
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job
+
+
+class _JobCollector:
+    def __init__(self, ctx: AppContext):
+        self.ctx = ctx
+
+    def collect(self):
+        with self.ctx.sessions() as session:
+            by_status = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+            sums = session.execute(select(func.coalesce(func.sum(Job.completed), 0), func.coalesce(func.sum(Job.failed), 0),
+                                          func.coalesce(func.sum(Job.prompt_tokens), 0),
+                                          func.coalesce(func.sum(Job.cached_tokens), 0),
+                                          func.coalesce(func.sum(Job.completion_tokens), 0))).one()
+        batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
+        for status, count in by_status:
+            batches.add_metric([str(status)], count)
+        yield batches
+        requests = GaugeMetricFamily("batchinfer_requests", "Requests finished, by outcome", labels=["outcome"])
+        requests.add_metric(["completed"], sums[0])
+        requests.add_metric(["failed"], sums[1])
+        yield requests
+        tokens = GaugeMetricFamily("batchinfer_tokens", "Tokens of all batches, by kind", labels=["kind"])
+        for kind, value in zip(("prompt", "cached", "completion"), sums[2:]):
+            tokens.add_metric([kind], value)
+        yield tokens
+        yield from self._workers()
+
+    def _workers(self):
+        if self.ctx.settings.embedded:
+            return
+        from batchinfer.cluster.registry import open_registry
+        from batchinfer.cluster.routing import SHARED_QUEUE
+
+        try:
+            registry = open_registry(self.ctx.settings)
+            live = registry.live()
+            depth = GaugeMetricFamily("batchinfer_queue_depth", "Messages waiting per worker queue", labels=["queue"])
+            depth.add_metric([SHARED_QUEUE], registry.queue_depth(SHARED_QUEUE))
+            rate = GaugeMetricFamily("batchinfer_worker_tokens_per_second", "Measured prefill tokens/s per worker",
+                                     labels=["worker"])
+            for worker in live:
+                depth.add_metric([worker.queue], registry.queue_depth(worker.queue))
+                rate.add_metric([worker.name], worker.prefill_tokens_per_s or 0.0)
+        except Exception:  # Redis down: the job figures still come out
+            return
+        yield depth
+        yield rate
+
+
+def install(app: FastAPI, ctx: AppContext) -> None:
+    registry = CollectorRegistry()
+    registry.register(_JobCollector(ctx))
+    latency = Histogram("batchinfer_http_request_duration_seconds", "HTTP request latency",
+                        ["method", "route", "status"], registry=registry)
+
+    @app.middleware("http")
+    async def _time(request: Request, call_next):
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        latency.labels(request.method, route, str(response.status_code)).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,158 @@
+"""The periodic sweep: the database is the truth, the broker is a hint. One pass makes them agree again.
+
+Units running on a worker that is dead, restarted (another incarnation) or alive but running something
+else are rerun; units past their time limit too; queued units with no message in the broker are sent
+again; pending requests nobody dispatched are dispatched. Then the job-state half (jobs.lifecycle):
+expiry, cancels, finalize and its retries. A unit that failed max_attempts times fails its requests.
+
+Every step is a conditional UPDATE, so a sweep that overlaps a worker's commit changes nothing it should
+not; a rerun still commits behind the unit runner's fence, so nothing counts twice.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from sqlalchemy import exists, select, update
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
+from batchinfer.db.session import retrying
+from batchinfer.cluster.registry import WorkerRegistry, WorkerState
+from batchinfer.jobs import lifecycle
+
+log = logging.getLogger(__name__)
+SWEEP_LOCK_S = 300.0
+
+
+@dataclass
+class SweepHooks:
+    """What the sweep cannot do from this layer: send a unit, fail one for good, dispatch pending work."""
+    requeue: Callable[[str], None]
+    fail: Callable[[str, str], object]
+    dispatch: Callable[[], object]
+
+
+@dataclass
+class Sweep:
+    rerun: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    dispatched: bool = False
+    jobs: lifecycle.JobSweep | None = None
+
+
+def maybe_sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks) -> Sweep | None:
+    """Sweep when one is due (every sweep_interval_s across all workers) and no other sweep runs."""
+    if not registry.due("sweep", ctx.settings.sweep_interval_s):
+        return None
+    lock = registry.lock("sweep-lock", SWEEP_LOCK_S)
+    if not lock.acquire():
+        return None
+    try:
+        return sweep(ctx, registry, hooks)
+    finally:
+        try:
+            lock.release()
+        except Exception:  # expired or Redis gone: the lock times out by itself
+            pass
+
+
+def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: float | None = None) -> Sweep:
+    now = now or time.time()
+    done = Sweep()
+    _drain_dead_queues(registry)
+    for unit_id, attempts, cause in _lost_units(ctx, registry, now):
+        _rerun(ctx, hooks, unit_id, attempts, cause, done, expect=UnitStatus.RUNNING)
+    for unit_id, attempts, cause in _unsent_units(ctx, registry, now):
+        _rerun(ctx, hooks, unit_id, attempts, cause, done, expect=UnitStatus.QUEUED)
+    if _undispatched(ctx, now):
+        hooks.dispatch()
+        done.dispatched = True
+    done.jobs = lifecycle.sweep_jobs(ctx, now)
+    if done.rerun or done.resent or done.failed:
+        log.warning("sweep: %d units rerun, %d sent again, %d failed for good", len(done.rerun), len(done.resent),
+                    len(done.failed))
+    return done
+
+
+def _drain_dead_queues(registry: WorkerRegistry, forget_after_s: float = 3600.0) -> None:
+    for dead in registry.dead():
+        if registry.drain(dead.queue):
+            log.warning("worker %s is gone: its queued units moved to the shared queue", dead.name)
+        if time.time() - dead.beat_at > forget_after_s:
+            registry.forget(dead.name)
+
+
+def _live(registry: WorkerRegistry) -> dict[str, WorkerState]:
+    return {w.name: w for w in registry.live()}
+
+
+def _lost_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list[tuple[str, int, str]]:
+    """(unit, attempts, why) for each unit marked running that nothing runs any more. The registry is read
+    after the database: a worker publishes a unit before it marks it running, so a fresh start is seen."""
+    with ctx.sessions() as session:
+        rows = list(session.execute(select(WorkUnit.id, WorkUnit.worker, WorkUnit.incarnation, WorkUnit.attempts,
+                                           WorkUnit.started_at).where(WorkUnit.status == UnitStatus.RUNNING)))
+    if not rows:
+        return []
+    live = _live(registry)
+    lost = []
+    for unit_id, worker, incarnation, attempts, started_at in rows:
+        state = live.get(worker or "")
+        if state is None:
+            why = f"worker {worker} stopped beating"
+        elif incarnation and state.incarnation and state.incarnation != incarnation:
+            why = f"worker {worker} restarted"
+        elif state.unit_id != unit_id:
+            why = f"worker {worker} is not running it"
+        elif started_at is not None and now - started_at > ctx.settings.unit_time_limit_s:
+            why = f"past its time limit of {ctx.settings.unit_time_limit_s} s"
+        else:
+            continue
+        lost.append((unit_id, attempts, why))
+    return lost
+
+
+def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list[tuple[str, int, str]]:
+    """Queued units older than the grace period with no message in the broker (Redis lost it)."""
+    grace = ctx.settings.worker_ttl_s
+    with ctx.sessions() as session:
+        rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.dispatched_at, WorkUnit.created_at)
+                                    .where(WorkUnit.status == UnitStatus.QUEUED)))
+    rows = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
+    if not rows:
+        return []
+    present = registry.queued_unit_ids() | {w.unit_id for w in _live(registry).values() if w.unit_id}
+    return [(u, a, "no message for it in the broker") for u, a in rows if u not in present]
+
+
+def _undispatched(ctx: AppContext, now: float) -> bool:
+    """Pending requests of a runnable job queued a while ago: the dispatch after its submit was lost."""
+    grace = ctx.settings.worker_ttl_s
+    pending = exists().where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
+    with ctx.sessions() as session:
+        return bool(session.scalar(select(exists().where(Job.status.in_(JobStatus.RUNNABLE), pending,
+                                                         Job.queued_at < now - grace))))
+
+
+def _rerun(ctx: AppContext, hooks: SweepHooks, unit_id: str, attempts: int, cause: str, done: Sweep,
+           expect: str) -> None:
+    if attempts >= ctx.settings.unit_max_attempts:
+        if hooks.fail(unit_id, cause):
+            done.failed.append(unit_id)
+        return
+    now = time.time()
+
+    def claim(session) -> bool:  # only if nothing moved it meanwhile (a commit, another rerun)
+        result = session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == expect,
+                                                        WorkUnit.attempts == attempts)
+                                 .values(status=UnitStatus.QUEUED, dispatched_at=now, last_error=cause[:1000]))
+        return result.rowcount == 1
+
+    if retrying(ctx.sessions, claim):
+        log.warning("unit %s: %s; sending it again", unit_id, cause)
+        hooks.requeue(unit_id)
+        (done.rerun if expect == UnitStatus.RUNNING else done.resent).append(unit_id)

@@ -1,0 +1,185 @@
+"""The job-state half of the periodic sweep: expire overdue jobs, finish cancels, finalize jobs with no open
+request, and retry finalizes that failed. Every function is idempotent and safe to run from many processes:
+a conditional UPDATE decides who does each step.
+
+Lock order everywhere in the job system: job rows first, then request rows (no deadlock between them).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import exists, select, update
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
+from batchinfer.db.session import retrying
+from batchinfer.jobs.assembly import assemble
+
+log = logging.getLogger(__name__)
+FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
+FINALIZE_LEASE_S = 300.0  # a finalize that crashed midway is taken over after this long
+FINALIZE_MAX_ATTEMPTS = 12
+FINALIZE_BACKOFF_S = (2.0, 600.0)  # first retry after 2 s, doubling, at most 10 minutes apart
+
+
+@dataclass
+class JobSweep:
+    expired: list[str] = field(default_factory=list)
+    cancelled_requests: int = 0
+    finalized: list[str] = field(default_factory=list)
+    revalidated: list[str] = field(default_factory=list)
+
+
+def sweep_jobs(ctx: AppContext, now: float | None = None) -> JobSweep:
+    """One pass over every job that may need a step without anyone asking for it."""
+    now = now or time.time()
+    swept = JobSweep()
+    swept.revalidated = recover_validating(ctx, now)
+    swept.expired = expire_overdue(ctx, now)
+    swept.cancelled_requests = close_cancelled(ctx)
+    for job_id in _finalizable(ctx) + _finalize_retries(ctx, now):
+        if try_finalize(ctx, job_id):
+            swept.finalized.append(job_id)
+    return swept
+
+
+def recover_validating(ctx: AppContext, now: float) -> list[str]:
+    """Batches stuck in `validating` (a submit that crashed, a validation message lost) are validated here,
+    from the start; validation is idempotent, so a slow one that is still going only repeats work."""
+    from batchinfer.jobs.service import validate_job  # the service builds on this module
+
+    stale = now - ctx.settings.validation_stale_s
+    with ctx.sessions() as session:
+        job_ids = list(session.scalars(select(Job.id).where(Job.status == JobStatus.VALIDATING, Job.created_at < stale)
+                                       .order_by(Job.created_at).limit(10)))
+    recovered = []
+    for job_id in job_ids:
+        try:
+            validate_job(ctx, job_id)
+            recovered.append(job_id)
+        except FileNotFoundError:  # its input never reached storage: nothing can run
+            _fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
+        except Exception as exc:
+            log.warning("revalidating %s failed: %s", job_id, str(exc)[:300])
+    return recovered
+
+
+def _fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
+            status=JobStatus.FAILED, failed_at=time.time(), error_count=1,
+            errors=[{"code": "server_error", "line": None, "param": None, "message": message}])))
+
+
+def close_unstarted(session, job_id: str, status: str) -> int:
+    """Unstarted requests of a job become `status` (cancelled, expired); the job counts them as failed."""
+    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+    result = session.execute(update(Request).where(Request.job_id == job_id,
+                                                   Request.status.in_(RequestStatus.UNSTARTED)).values(status=status))
+    session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + result.rowcount))
+    return result.rowcount
+
+
+def expire_overdue(ctx: AppContext, now: float | None = None) -> list[str]:
+    """Jobs past their completion window: unstarted requests become batch_expired, finished ones are kept."""
+    now = now or time.time()
+
+    def work(session) -> list[str]:
+        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)
+                                       .order_by(Job.id)))
+        for job_id in overdue:
+            close_unstarted(session, job_id, RequestStatus.EXPIRED)
+        return overdue
+
+    overdue = retrying(ctx.sessions, work)
+    for job_id in overdue:
+        try_finalize(ctx, job_id)
+    return overdue
+
+
+def close_cancelled(ctx: AppContext) -> int:
+    """Requests of cancelling jobs left `running` by a unit that no longer runs (it was rerun or lost)
+    become cancelled: nothing will run them again, and the job can then finish."""
+    def work(session) -> int:
+        jobs = list(session.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLING).order_by(Job.id)
+                                    .with_for_update()))
+        closed = 0
+        for job_id in jobs:
+            not_running = ~exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.RUNNING)
+            result = session.execute(update(Request).where(Request.job_id == job_id, Request.status.in_(
+                RequestStatus.OPEN), not_running).values(status=RequestStatus.CANCELLED)
+                .execution_options(synchronize_session=False))
+            if result.rowcount:
+                session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + result.rowcount))
+                closed += result.rowcount
+        return closed
+
+    return retrying(ctx.sessions, work)
+
+
+def _finalizable(ctx: AppContext) -> list[str]:
+    open_requests = exists().where(Request.job_id == Job.id, Request.status.in_(RequestStatus.OPEN))
+    with ctx.sessions() as session:
+        return list(session.scalars(select(Job.id).where(Job.status.in_(FINALIZABLE), ~open_requests)))
+
+
+def _finalize_retries(ctx: AppContext, now: float) -> list[str]:
+    with ctx.sessions() as session:
+        return list(session.scalars(select(Job.id).where(Job.status == JobStatus.FINALIZING,
+                                                         Job.finalize_after < now)))
+
+
+def try_finalize(ctx: AppContext, job_id: str) -> bool:
+    """Assemble the files once no request is open. A conditional UPDATE lets one caller at a time do it; a
+    finalize that fails (storage down) is retried by the sweep with backoff, and fails the job at the end."""
+    now = time.time()
+    claimed = retrying(ctx.sessions, lambda session: _claim_finalize(session, job_id, now))
+    if claimed is None:
+        return False
+    try:
+        retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
+        return True
+    except Exception as exc:  # storage or database still failing after retries: try again later
+        retrying(ctx.sessions, lambda session: _finalize_failed(session, job_id, claimed, exc))
+        return False
+
+
+def _claim_finalize(session, job_id: str, now: float) -> tuple[bool, int] | None:
+    """(cancelled?, attempts) when this caller now owns the finalize, else None."""
+    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
+    first = ((Job.status.in_(FINALIZABLE)) & ~open_requests)
+    retry = (Job.status == JobStatus.FINALIZING) & (Job.finalize_after < now)
+    won = session.execute(update(Job).where(Job.id == job_id, first | retry)
+                          .values(status=JobStatus.FINALIZING, finalizing_at=now, finalize_after=now + FINALIZE_LEASE_S,
+                                  finalize_attempts=Job.finalize_attempts + 1)
+                          .returning(Job.cancelling_at, Job.finalize_attempts)).first()
+    return None if won is None else (won.cancelling_at is not None, won.finalize_attempts)
+
+
+def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) -> None:
+    output_key, error_key = assemble(session, ctx.storage, job_id)
+    expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
+    job = session.get(Job, job_id)
+    job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
+    cancelled, _ = claimed
+    final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
+    job.status = final
+    setattr(job, f"{final}_at", time.time())
+
+
+def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
+    _, attempts = claimed
+    cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+    job = session.get(Job, job_id, with_for_update=True)
+    if attempts >= FINALIZE_MAX_ATTEMPTS:
+        log.error("job %s: finalize failed %d times, the job fails: %s", job_id, attempts, cause)
+        job.status, job.failed_at, job.finalize_after = JobStatus.FAILED, time.time(), None
+        job.errors = [*(job.errors or []), {"line": None, "code": "server_error", "param": None,
+                                            "message": f"could not assemble the results: {cause}"}]
+        return
+    first, cap = FINALIZE_BACKOFF_S
+    delay = min(first * 2 ** (attempts - 1), cap)
+    job.finalize_after = time.time() + delay
+    log.warning("job %s: finalize failed (%s); retry %d in %.0f s", job_id, cause, attempts, delay)

@@ -1,0 +1,50 @@
+"""API keys: each key is a tenant. Only a SHA-256 of the secret is stored; the secret is shown once."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+import uuid
+
+from sqlalchemy import select
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import ApiKey
+from batchinfer.db.session import transaction
+from batchinfer.errors import BatchInferError
+
+KEY_PREFIX = "sk-bi-"
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_key(ctx: AppContext, name: str) -> tuple[ApiKey, str]:
+    """The new key's row and its secret (the only time the secret exists outside the caller)."""
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time())
+    with transaction(ctx.sessions) as session:
+        session.add(key)
+    return key, secret
+
+
+def list_keys(ctx: AppContext) -> list[ApiKey]:
+    with ctx.sessions() as session:
+        return list(session.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+
+
+def revoke_key(ctx: AppContext, key_id: str) -> ApiKey:
+    with transaction(ctx.sessions) as session:
+        key = session.get(ApiKey, key_id)
+        if key is None:
+            raise BatchInferError(f"no API key {key_id!r}")
+        key.revoked_at = key.revoked_at or time.time()
+    return key
+
+
+def authenticate(ctx: AppContext, secret: str) -> ApiKey | None:
+    """The live key with this secret, or None (unknown and revoked keys look the same)."""
+    with ctx.sessions() as session:
+        key = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
+    return key if key is not None and key.revoked_at is None else None

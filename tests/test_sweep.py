@@ -1,0 +1,142 @@
+"""The sweep on a real Redis registry and a real database: what it reruns, resends, fails and finishes."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+from sqlalchemy import select, update
+
+from batchinfer.cluster.registry import WorkerRegistry, WorkerState
+from batchinfer.cluster.sweep import SweepHooks, sweep
+from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
+from batchinfer.jobs import service
+from batchinfer.runtime import unit_runner
+from batchinfer.runtime.dispatch import dispatch
+from jobfiles import completion_line, read_output, submit_lines
+
+
+@pytest.fixture
+def setup(make_context, redis_server):
+    conn = redis.Redis.from_url(redis_server)
+    prefix = f"sweep-{uuid.uuid4().hex[:8]}:"
+    registry = WorkerRegistry(conn, key_prefix=prefix, ttl_s=0.5)
+    ctx = make_context(worker_ttl_s=0.5, unit_max_attempts=3)
+    sent: list[str] = []
+    hooks = SweepHooks(requeue=sent.append, fail=lambda u, cause: unit_runner.fail_unit(ctx, u, cause).committed,
+                       dispatch=lambda: sent.append("dispatch"))
+    yield ctx, registry, hooks, sent
+    for key in conn.scan_iter(match=prefix + "*"):
+        conn.delete(key)
+
+
+def _running_unit(ctx, registry, worker="w1", incarnation="inc-1", publish=True):
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(2)])
+    (unit,) = dispatch(ctx)
+    if publish:
+        registry.beat(WorkerState(worker, incarnation=incarnation, busy=True, unit_id=unit.unit_id))
+    assert unit_runner._start(ctx, unit.unit_id, worker, incarnation) is not None
+    return job, unit.unit_id
+
+
+def _unit(ctx, unit_id):
+    with ctx.sessions() as session:
+        return session.get(WorkUnit, unit_id)
+
+
+def test_a_unit_its_live_worker_runs_is_left_alone(setup):
+    ctx, registry, hooks, sent = setup
+    _, unit_id = _running_unit(ctx, registry)
+    done = sweep(ctx, registry, hooks)
+    assert done.rerun == [] and sent == [] and _unit(ctx, unit_id).status == UnitStatus.RUNNING
+
+
+def test_a_unit_of_a_dead_worker_is_rerun_once(setup):
+    ctx, registry, hooks, sent = setup
+    _, unit_id = _running_unit(ctx, registry)
+    time.sleep(0.7)  # the worker's key expires: it stopped beating
+    assert sweep(ctx, registry, hooks).rerun == [unit_id] and sent == [unit_id]
+    assert _unit(ctx, unit_id).status == UnitStatus.QUEUED
+    sent.clear()
+    registry.beat(WorkerState("w2"))
+    assert sweep(ctx, registry, hooks).rerun == []  # its message is the one just sent: no second rerun
+
+
+def test_a_worker_restarted_under_the_same_name_gets_its_lost_unit_rerun(setup):
+    ctx, registry, hooks, sent = setup
+    _, unit_id = _running_unit(ctx, registry)
+    registry.beat(WorkerState("w1", incarnation="inc-2"))  # same name, new process, first beat
+    assert sweep(ctx, registry, hooks).rerun == [unit_id] and sent == [unit_id]
+
+
+def test_a_unit_a_live_worker_no_longer_runs_is_rerun(setup):
+    ctx, registry, hooks, sent = setup
+    _, unit_id = _running_unit(ctx, registry)
+    registry.beat(WorkerState("w1", incarnation="inc-1", busy=False, unit_id=None))  # its task raised
+    assert sweep(ctx, registry, hooks).rerun == [unit_id]
+
+
+def test_a_queued_unit_whose_message_redis_lost_is_sent_again(setup):
+    ctx, registry, hooks, sent = setup
+    submit_lines(ctx, [completion_line("a", "Hello")])
+    (unit,) = dispatch(ctx)
+    assert sweep(ctx, registry, hooks).resent == []  # within the grace period its message may be on its way
+    time.sleep(0.7)
+    assert sweep(ctx, registry, hooks).resent == [unit.unit_id] and sent == [unit.unit_id]
+
+
+def test_pending_requests_nobody_dispatched_get_dispatched(setup):
+    ctx, registry, hooks, sent = setup
+    submit_lines(ctx, [completion_line("a", "Hello")])
+    time.sleep(0.7)
+    assert sweep(ctx, registry, hooks).dispatched and sent == ["dispatch"]
+
+
+def test_a_unit_lost_too_often_fails_its_requests_with_server_error_and_the_job_ends(setup):
+    ctx, registry, hooks, sent = setup
+    job, unit_id = _running_unit(ctx, registry, publish=False)
+    with ctx.sessions.begin() as session:
+        session.execute(update(WorkUnit).where(WorkUnit.id == unit_id).values(attempts=3))
+    done = sweep(ctx, registry, hooks)
+    assert done.failed == [unit_id] and sent == []
+    job = service.get(ctx, job.id)
+    assert (job.status, job.completed, job.failed) == (JobStatus.COMPLETED, 0, 2)
+    errors = read_output(ctx, job.id, errors=True)
+    assert [e["custom_id"] for e in errors] == ["c0", "c1"]
+    assert {e["error"]["code"] for e in errors} == {"server_error"} and "stopped beating" in errors[0]["error"]["message"]
+
+
+def test_a_cancelled_job_whose_unit_was_lost_ends_cancelled(setup):
+    ctx, registry, hooks, sent = setup
+    job, unit_id = _running_unit(ctx, registry, publish=False)
+    service.cancel(ctx, job.id)
+    assert service.get(ctx, job.id).status == JobStatus.CANCELLING  # its unit is marked running
+    sweep(ctx, registry, hooks)  # the unit is rerun (nobody runs it), then its requests are cancelled
+    job = service.get(ctx, job.id)
+    assert (job.status, job.completed, job.failed) == (JobStatus.CANCELLED, 0, 2)
+    assert [e["error"]["code"] for e in read_output(ctx, job.id, errors=True)] == ["batch_cancelled"] * 2
+
+
+def test_a_failed_finalize_is_retried_after_its_backoff(setup):
+    ctx, registry, hooks, sent = setup
+    job = submit_lines(ctx, [completion_line("a", "Hello")])
+    with ctx.sessions.begin() as session:  # as a finalize that died or failed leaves it
+        session.execute(update(Request).where(Request.job_id == job.id).values(status="cancelled"))
+        session.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.FINALIZING,
+                                                                   finalize_after=time.time() + 60))
+    assert sweep(ctx, registry, hooks).jobs.finalized == []  # not before its backoff
+    with ctx.sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == job.id).values(finalize_after=time.time() - 1))
+    assert sweep(ctx, registry, hooks).jobs.finalized == [job.id]
+    assert service.get(ctx, job.id).status == JobStatus.COMPLETED
+
+
+def test_an_overdue_job_is_expired_by_the_sweep(setup):
+    ctx, registry, hooks, sent = setup
+    job = submit_lines(ctx, [completion_line("a", "Hello")], completion_window="1s")
+    time.sleep(1.1)
+    assert sweep(ctx, registry, hooks).jobs.expired == [job.id]
+    assert service.get(ctx, job.id).status == JobStatus.EXPIRED
+    with ctx.sessions() as session:
+        assert session.scalar(select(Request.status).where(Request.job_id == job.id)) == "expired"
