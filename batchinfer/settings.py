@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error)
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
+    webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
+    webhook_timeout_s: float = 10.0  # one POST to a receiver
+    webhook_backoff_s: float = 10.0  # first retry after this, doubling
+    webhook_max_backoff_s: float = 3600.0
+    webhook_max_age_s: float = 86400.0  # an event not acknowledged within this is given up
+    webhook_poll_s: float = 2.0  # how often a worker delivers what is due
     validation_stale_s: float = 900.0  # a batch `validating` this long (its validation lost) is validated by the sweep
     max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed

@@ -2,6 +2,7 @@
 
 Beside Celery runs the worker agent: it publishes this worker's state (incarnation, the unit it runs),
 steals units queued for a busy peer when idle, and runs the sweep (batchinfer.cluster.sweep) when due.
+A second thread delivers the webhook outbox (batchinfer.jobs.webhook_delivery).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
+from batchinfer.jobs.webhook_delivery import DeliveryLoop
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
@@ -32,6 +34,7 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         hooks = tasks.sweep_hooks(ctx)
         tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
                                   lambda: maybe_sweep(ctx, reg, hooks)).start()
+        tasks.webhooks = DeliveryLoop(ctx).start()
 
     @signals.worker_shutting_down.connect(weak=False)
     def _shutting_down(**_):
@@ -42,6 +45,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
     def _shutdown(**_):
         if tasks.agent is not None:
             tasks.agent.stop()
+        if tasks.webhooks is not None:
+            tasks.webhooks.stop()
 
     app.worker_main(["worker", "--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
                      "--loglevel", loglevel, "--without-gossip", "--without-mingle"])

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages already queued still run
 RUN_UNIT_TASK = "batchinfer.run_unit"
 agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
+webhooks = None  # its webhook DeliveryLoop
 
 
 @lru_cache(maxsize=1)

@@ -423,16 +423,25 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
 @keys_app.command("create")
 @friendly_errors
 def keys_create(name: str = typer.Option(..., help="who the key is for"),
+                webhook: Optional[str] = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
+                admin: bool = typer.Option(False, "--admin", help="may see the workers on the dashboard"),
                 as_json: bool = typer.Option(False, "--json")):
-    """Make an API key; its secret is printed once and never stored."""
+    """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
     from batchinfer.jobs import tenants
 
-    key, secret = tenants.create_key(_context(), name)
+    key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin)
     if as_json:
-        print(json.dumps({"id": key.id, "name": key.name, "key": secret}))
+        record = {"id": key.id, "name": key.name, "key": secret, "admin": key.is_admin}
+        if key.webhook_url:
+            record |= {"webhook_url": key.webhook_url, "webhook_secret": key.webhook_secret}
+        print(json.dumps(record))
     else:
         print(secret)
-        err.print(f"created {key.id} ({key.name}); the secret above is shown only now", markup=False, highlight=False)
+        if key.webhook_secret:
+            print(key.webhook_secret)
+        shown = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
+        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {shown} are shown only now",
+                  markup=False, highlight=False)
 
 
 @keys_app.command("list")
@@ -474,10 +483,12 @@ def db_upgrade(revision: str = typer.Argument("head")):
 
 from batchinfer.bench.command import bench  # noqa: E402  (registered here so the CLI stays one list of commands)
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.api import bench_api_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
+app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
 
 

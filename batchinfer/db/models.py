@@ -1,7 +1,7 @@
 """The job system's tables: jobs, their requests, and the work units that run them."""
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -121,6 +121,32 @@ class WorkUnit(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
 
 
+class WebhookStatus:
+    PENDING = "pending"  # due at next_attempt_at (a claimed row's next_attempt_at is its lease end)
+    DELIVERED = "delivered"
+    FAILED = "failed"  # gave up: the receiver never answered 2xx within webhook_max_age_s
+
+
+class WebhookEvent(Base):
+    """The webhook outbox: one event per batch that ended, written in the transaction that ended it."""
+
+    __tablename__ = "webhook_events"
+    __table_args__ = (Index("ix_webhook_events_due", "status", "next_attempt_at"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # the webhook-id header
+    job_id: Mapped[str] = mapped_column(String(64), unique=True)  # a batch ends once: one event each
+    owner_id: Mapped[str | None] = mapped_column(String(64))  # whose secret signs it; None: the server's
+    type: Mapped[str] = mapped_column(String(32))
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[str] = mapped_column(Text)  # the exact bytes that are signed and sent
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(String(512))
+
+
 class ApiKey(Base):
     """A tenant's key: only the SHA-256 of the secret is stored."""
 
@@ -131,6 +157,9 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float)
+    webhook_url: Mapped[str | None] = mapped_column(String(2048))  # receives this key's batch events
+    webhook_secret: Mapped[str | None] = mapped_column(String(128))  # signs them (whsec_...), shown once
+    is_admin: Mapped[bool] = mapped_column(default=False)  # sees the workers on the dashboard
 
 
 class File(Base):

@@ -16,6 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.webhook_events import record_final
 
 log = logging.getLogger(__name__)
 FINALIZABLE = (JobStatus.QUEUED, JobStatus.IN_PROGRESS, JobStatus.CANCELLING)
@@ -67,10 +68,14 @@ def recover_validating(ctx: AppContext, now: float) -> list[str]:
 
 
 def _fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
-    retrying(ctx.sessions, lambda session: session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
+    def work(session) -> None:
+        failed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
             status=JobStatus.FAILED, failed_at=time.time(), error_count=1,
-            errors=[{"code": "server_error", "line": None, "param": None, "message": message}])))
+            errors=[{"code": "server_error", "line": None, "param": None, "message": message}]))
+        if failed.rowcount:
+            record_final(session, session.get(Job, job_id, populate_existing=True))
+
+    retrying(ctx.sessions, work)
 
 
 def close_unstarted(session, job_id: str, status: str) -> int:
@@ -167,6 +172,7 @@ def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) 
     final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
     job.status = final
     setattr(job, f"{final}_at", time.time())
+    record_final(session, job)
 
 
 def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
@@ -178,6 +184,7 @@ def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Excep
         job.status, job.failed_at, job.finalize_after = JobStatus.FAILED, time.time(), None
         job.errors = [*(job.errors or []), {"line": None, "code": "server_error", "param": None,
                                             "message": f"could not assemble the results: {cause}"}]
+        record_final(session, job)
         return
     first, cap = FINALIZE_BACKOFF_S
     delay = min(first * 2 ** (attempts - 1), cap)

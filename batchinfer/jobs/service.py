@@ -7,7 +7,7 @@ from typing import BinaryIO
 
 from sqlalchemy import delete, insert, select
 
-from batchinfer.jobs import formats, keys
+from batchinfer.jobs import formats, keys, webhook_events
 from batchinfer.jobs.lifecycle import close_unstarted, try_finalize
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
@@ -44,6 +44,8 @@ def create_job(ctx: AppContext, *, input_key: str | None = None, filename: str =
     if model != settings.model_id:
         raise InvalidRequest(f"model_not_found: model {model!r} is not served here (use {settings.model_id!r})")
     window = parse_duration(completion_window or settings.completion_window)
+    if (metadata or {}).get(webhook_events.METADATA_KEY):
+        webhook_events.check_url(metadata[webhook_events.METADATA_KEY])
     now = now or time.time()
     job_id = new_job_id()
     job = Job(id=job_id, status=JobStatus.VALIDATING, model=model, input_filename=filename,
@@ -118,6 +120,7 @@ def _after_validation(ctx: AppContext, job_id: str, report: ValidationReport) ->
         else:
             job.status, job.failed_at = JobStatus.FAILED, now
             session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
+            webhook_events.record_final(session, job, now)
     return job
 
 

@@ -12,6 +12,8 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.db.session import transaction
 from batchinfer.errors import BatchInferError
+from batchinfer.jobs.webhook_events import check_url
+from batchinfer.jobs.webhook_signing import new_secret
 
 KEY_PREFIX = "sk-bi-"
 
@@ -20,10 +22,13 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(ctx: AppContext, name: str) -> tuple[ApiKey, str]:
-    """The new key's row and its secret (the only time the secret exists outside the caller)."""
+def create_key(ctx: AppContext, name: str, webhook_url: str | None = None, admin: bool = False) -> tuple[ApiKey, str]:
+    """The new key's row and its secret (the only time the secret exists outside the caller). A key with a
+    webhook URL also gets a webhook signing secret (key.webhook_secret), to be shown once too."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time())
+    key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time(),
+                 webhook_url=check_url(webhook_url) if webhook_url else None,
+                 webhook_secret=new_secret() if webhook_url else None, is_admin=admin)
     with transaction(ctx.sessions) as session:
         session.add(key)
     return key, secret

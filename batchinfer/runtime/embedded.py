@@ -8,6 +8,7 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.jobs.lifecycle import sweep_jobs
 from batchinfer.db.models import UnitStatus, WorkUnit
+from batchinfer.jobs.webhook_delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.runtime.unit_runner import UnitOutcome, run_unit
@@ -17,19 +18,21 @@ EMBEDDED_WORKER = "embedded"
 
 def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = None,
                 on_loaded: Callable[[], None] | None = None) -> list[UnitOutcome]:
-    """Without a broker the sweep's job-state half runs here: before dispatch, between units and at the end."""
+    """Without a broker the sweep's job-state half runs here: before dispatch, between units and at the end.
+    After the run, the webhooks that are due are delivered (one attempt each: the outbox keeps what failed
+    for a later run)."""
     sweep_jobs(ctx)
     dispatch(ctx, [EMBEDDED_WORKER])
     unit_ids = _unfinished_units(ctx)  # includes units an interrupted earlier run left behind
-    if not unit_ids:
-        return []
-    generator = get_generator(ctx.settings)
-    if on_loaded:
-        on_loaded()
     outcomes = []
-    for unit_id in unit_ids:
-        outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
-        sweep_jobs(ctx)
+    if unit_ids:
+        generator = get_generator(ctx.settings)
+        if on_loaded:
+            on_loaded()
+        for unit_id in unit_ids:
+            outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+            sweep_jobs(ctx)
+    deliver_due(ctx)
     return outcomes
 
 

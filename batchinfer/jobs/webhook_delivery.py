@@ -1,0 +1,141 @@
+"""Deliver the webhook outbox: claim due events (SKIP LOCKED, then a lease), POST each signed, and record
+the answer. Retries back off exponentially for up to webhook_max_age_s; all state lives in the table,
+so a restarted worker carries on. A success is recorded at most once per event (a conditional UPDATE)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
+from batchinfer.db.session import transaction
+from batchinfer.jobs.webhook_signing import headers
+
+log = logging.getLogger(__name__)
+CLAIM_BATCH = 20
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    owner_id: str | None
+    url: str
+    body: str
+    attempts: int
+    created_at: float
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # a redirect is an answer, not a 2xx: retry later
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def claim_due(ctx: AppContext, now: float, limit: int = CLAIM_BATCH) -> list[Claim]:
+    """Due events, each leased to this caller until its POST has had time to time out."""
+    lease = now + ctx.settings.webhook_timeout_s * 2 + 5
+    with transaction(ctx.sessions) as session:
+        rows = list(session.scalars(select(WebhookEvent).where(WebhookEvent.status == WebhookStatus.PENDING,
+                                                               WebhookEvent.next_attempt_at <= now)
+                                    .order_by(WebhookEvent.next_attempt_at).limit(limit)
+                                    .with_for_update(skip_locked=True)))
+        for row in rows:
+            row.attempts += 1
+            row.next_attempt_at = lease
+        return [Claim(r.id, r.owner_id, r.url, r.body, r.attempts, r.created_at) for r in rows]
+
+
+def signing_secret(ctx: AppContext, owner_id: str | None) -> str | None:
+    """The owning key's secret; the server's (BATCHINFER_WEBHOOK_SECRET) for a batch no key owns or a key
+    that has none (a batch-level webhook_url of a key made without --webhook)."""
+    if owner_id is not None:
+        with ctx.sessions() as session:
+            key = session.get(ApiKey, owner_id)
+        if key is not None and key.webhook_secret:
+            return key.webhook_secret
+    return ctx.settings.webhook_secret
+
+
+def post(url: str, body: bytes, hdrs: dict[str, str], timeout: float) -> int:
+    """The receiver's HTTP status (0: no answer)."""
+    request = urllib.request.Request(url, data=body, headers=hdrs, method="POST")
+    try:
+        with _opener.open(request, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return 0
+
+
+def deliver(ctx: AppContext, claim: Claim) -> bool:
+    secret = signing_secret(ctx, claim.owner_id)
+    if secret is None:
+        _record_failure(ctx, claim, "no signing secret: set BATCHINFER_WEBHOOK_SECRET or the key's webhook")
+        return False
+    body = claim.body.encode()
+    status = post(claim.url, body, headers(secret, claim.id, body), ctx.settings.webhook_timeout_s)
+    if 200 <= status < 300:
+        return _record_success(ctx, claim)
+    _record_failure(ctx, claim, f"HTTP {status}" if status else "no answer (connection failed or timed out)")
+    return False
+
+
+def _record_success(ctx: AppContext, claim: Claim) -> bool:
+    with transaction(ctx.sessions) as session:
+        result = session.execute(update(WebhookEvent).where(WebhookEvent.id == claim.id,
+                                                            WebhookEvent.status == WebhookStatus.PENDING)
+                                 .values(status=WebhookStatus.DELIVERED, delivered_at=time.time(), last_error=None))
+    return result.rowcount == 1
+
+
+def _record_failure(ctx: AppContext, claim: Claim, error: str) -> None:
+    s, now = ctx.settings, time.time()
+    delay = min(s.webhook_backoff_s * 2 ** (claim.attempts - 1), s.webhook_max_backoff_s)
+    gave_up = now + delay > claim.created_at + s.webhook_max_age_s
+    values = {"last_error": error[:500], "next_attempt_at": now + delay}
+    if gave_up:
+        values["status"] = WebhookStatus.FAILED
+    with transaction(ctx.sessions) as session:  # only the latest claimant writes (a stale lease does not)
+        session.execute(update(WebhookEvent).where(WebhookEvent.id == claim.id, WebhookEvent.attempts == claim.attempts,
+                                                   WebhookEvent.status == WebhookStatus.PENDING).values(**values))
+    log.log(logging.ERROR if gave_up else logging.INFO, "webhook %s to %s: %s (attempt %d%s)", claim.id, claim.url,
+            error, claim.attempts, ", giving up" if gave_up else f", retry in {delay:.0f} s")
+
+
+def deliver_due(ctx: AppContext, now: float | None = None) -> int:
+    """One pass: deliver every event that is due now; the number delivered."""
+    claims = claim_due(ctx, time.time() if now is None else now)
+    return sum(deliver(ctx, c) for c in claims)
+
+
+class DeliveryLoop:
+    """A thread of the worker process that delivers the outbox every webhook_poll_s: never in a unit's path."""
+
+    def __init__(self, ctx: AppContext):
+        self.ctx = ctx
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="batchinfer-webhooks", daemon=True)
+
+    def start(self) -> DeliveryLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.ctx.settings.webhook_timeout_s + 1)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ctx.settings.webhook_poll_s):
+            try:
+                deliver_due(self.ctx)
+            except Exception:  # the database may be down a while: try again next tick
+                log.warning("webhook delivery pass failed", exc_info=True)

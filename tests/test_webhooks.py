@@ -1,0 +1,138 @@
+"""Webhooks end to end on PostgreSQL: ended batches put one event each in the outbox, delivery signs
+them, retries a failing receiver with backoff, and records one success per event even when several
+workers deliver at once."""
+import json
+import threading
+import time
+
+import pytest
+from sqlalchemy import select
+
+from batchinfer.db.models import Job, JobStatus, WebhookEvent
+from batchinfer.db.session import transaction
+from batchinfer.errors import InvalidRequest
+from batchinfer.jobs import service
+from batchinfer.jobs.webhook_delivery import DeliveryLoop, deliver_due
+from batchinfer.jobs.webhook_events import event_id, record_final
+from batchinfer.jobs.webhook_signing import new_secret, verify
+from batchinfer.runtime.dispatch import dispatch
+from batchinfer.runtime.unit_runner import run_unit
+from jobfiles import completion_line, submit_lines
+from webhook_receiver import Receiver
+
+SECRET = new_secret()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def pg_context(make_context, postgres_url):
+    def make(**overrides):
+        return make_context(database_url=postgres_url, webhook_secret=SECRET, webhook_backoff_s=0.2,
+                            webhook_poll_s=0.1, **overrides)
+    return make
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_each_ended_batch_gets_one_signed_event_through_a_failing_receiver(pg_context, receiver, generator):
+    ctx = pg_context()
+    hook = {"webhook_url": receiver.url}
+    done = submit_lines(ctx, [completion_line("a", "The sky is")], metadata=hook)
+    failed = submit_lines(ctx, ["{oops"], metadata=hook)
+    cancelled = service.cancel(ctx, submit_lines(ctx, [completion_line("b", "Hi")], metadata=hook).id)
+    submit_lines(ctx, [completion_line("c", "No hook")])  # no receiver: no event
+    for unit in dispatch(ctx):
+        run_unit(ctx, unit.unit_id, generator, "test-worker")
+    assert service.get(ctx, done.id).status == JobStatus.COMPLETED
+
+    receiver.refuse = {event_id(done.id): 2}  # the completed batch's event is refused twice
+    loop = DeliveryLoop(ctx).start()
+    try:
+        _wait_for(lambda: len(receiver.acknowledged()) == 3)
+        time.sleep(0.5)  # nothing more arrives
+    finally:
+        loop.stop()
+
+    events = {}
+    for got in receiver.received:
+        verify(SECRET, got.headers, got.body)
+        event = json.loads(got.body)
+        assert got.headers["webhook-id"] == event["id"]
+        events.setdefault(event["data"]["id"], []).append((event["type"], got.answered))
+    assert sorted(events) == sorted([done.id, failed.id, cancelled.id])
+    assert {job: {t for t, _ in got} for job, got in events.items()} == {
+        done.id: {"batch.completed"}, failed.id: {"batch.failed"}, cancelled.id: {"batch.cancelled"}}
+    assert [a for _, a in events[done.id]] == [500, 500, 200]
+    assert [a for _, a in events[failed.id]] == [a for _, a in events[cancelled.id]] == [200]
+    with ctx.sessions() as session:
+        rows = list(session.scalars(select(WebhookEvent)))
+    assert sorted((r.status, r.attempts) for r in rows) == [("delivered", 1), ("delivered", 1), ("delivered", 3)]
+
+
+def test_concurrent_deliverers_record_one_success_per_event(pg_context, receiver):
+    ctx = pg_context()
+    now = time.time()
+    with transaction(ctx.sessions) as session:
+        for i in range(12):
+            job = Job(id=f"batch_{i:04d}", status=JobStatus.COMPLETED, model="m", completion_window_s=60,
+                      created_at=now, expires_at=now + 60, metadata_={"webhook_url": receiver.url})
+            session.add(job)
+            record_final(session, job, now)
+    threads = [threading.Thread(target=deliver_due, args=(ctx,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [r.headers["webhook-id"] for r in receiver.received]
+    assert sorted(ids) == sorted(f"evt_{i:04d}" for i in range(12))  # each once: claims skip locked rows
+    assert deliver_due(ctx) == 0
+
+
+def test_a_receiver_that_never_answers_is_given_up_after_max_age(pg_context, receiver):
+    ctx = pg_context(webhook_max_age_s=0.5)
+    receiver.answers = [503] * 100
+    job = submit_lines(ctx, ["{oops"], metadata={"webhook_url": receiver.url})
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        deliver_due(ctx)
+        with ctx.sessions() as session:
+            event = session.scalar(select(WebhookEvent).where(WebhookEvent.job_id == job.id))
+        if event.status == "failed":
+            break
+        time.sleep(0.1)
+    assert event.status == "failed" and event.last_error == "HTTP 503" and event.attempts >= 2
+    assert not receiver.acknowledged()
+
+
+def test_a_bad_webhook_url_is_refused_at_submit(pg_context):
+    with pytest.raises(InvalidRequest, match="invalid webhook URL"):
+        submit_lines(pg_context(), [completion_line("a", "x")], metadata={"webhook_url": "file:///etc/passwd"})
+
+
+def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_context, receiver):
+    import io
+
+    from batchinfer.jobs import tenants
+
+    ctx = pg_context()
+    key, _ = tenants.create_key(ctx, "team", webhook_url=receiver.url)
+    job = service.create_job(ctx, owner_id=key.id)
+    ctx.storage.upload(job.input_key, io.BytesIO(b"{oops\n"))
+    assert service.validate_job(ctx, job.id).status == JobStatus.FAILED
+    assert deliver_due(ctx) == 1
+    (got,) = receiver.received
+    verify(key.webhook_secret, got.headers, got.body)
+    assert json.loads(got.body)["type"] == "batch.failed"
+    with pytest.raises(Exception):
+        verify(SECRET, got.headers, got.body)  # the server's secret is not the key's
