@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mode", choices=MODES, default="batched")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    spec = json.loads(open(args.tokens).read())
+    with open(args.tokens) as source:
+        spec = json.load(source)
     started = time.time()
     if args.mode == "batched":
         counts = _batched(args.gguf, args.threads, spec["prompts"], spec["max_tokens"])

@@ -110,8 +110,8 @@ def run_process_bench(tokenizer, gguf: str, out_dir: Path, suite: dict, systems:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| work (whole process, greedy) | batchinfer run | llama.cpp file order | sorted | multi-sequence "
-             "| best llama.cpp / batchinfer |", "|---|---|---|---|---|---|"]
+    lines = [("| work (whole process, greedy) | batchinfer run | llama.cpp file order | sorted | multi-sequence "
+              "| best llama.cpp / batchinfer |"), "|---|---|---|---|---|---|"]
     by_work: dict[str, dict[str, dict]] = {}
     for row in report["rows"]:
         by_work.setdefault(row["work"], {})[row["system"]] = row

@@ -7,7 +7,7 @@ import platform
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -70,7 +70,7 @@ def _uptime() -> str:
 
 def _lscpu_model() -> str:
     try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        text = subprocess.run(["lscpu"], check=False, capture_output=True, text=True, timeout=10).stdout
         return next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model name"))
     except (OSError, StopIteration, subprocess.SubprocessError):
         return platform.processor()

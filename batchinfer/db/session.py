@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine

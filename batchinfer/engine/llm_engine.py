@@ -4,8 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
-
 from .attention import make_attention_backend
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -37,7 +35,7 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
-                        config: EngineConfig | None = None) -> "LLMEngine":
+                        config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
         # The runner casts the weights to config.dtype as it copies them.
         return cls(load_model_light(model_path, cache_dir), config)

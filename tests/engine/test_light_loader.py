@@ -7,7 +7,6 @@ import torch
 
 from batchinfer.engine.light_loader import LightTokenizer, light_model
 
-
 EXTRA = [[{"role": "user", "content": "Spaces  and\ttabs\n\nnew lines, é, 日本語, emoji 🙂, <|im_end|> inside text"}],
          [{"role": "system", "content": "  leading space"}, {"role": "user", "content": ""}]]
 

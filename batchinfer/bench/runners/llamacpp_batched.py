@@ -155,7 +155,7 @@ class LlamaCppBatchedRunner(Runner):
         arrival = time.time()
         try:
             seqs = self.llm.generate(workload.prompts, workload.max_tokens)
-        except Exception as exc:  # the whole call failed: every request counts as failed
+        except Exception as exc:  # noqa: BLE001  (the whole call failed: every request counts as failed)
             return [failed_record(f"{workload.name}-{i}", p, arrival, time.time(), exc)
                     for i, p in enumerate(workload.prompts)], None
         return [RequestRecord(f"{workload.name}-{s.index}", len(workload.prompts[s.index]), len(s.tokens),
