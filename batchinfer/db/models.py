@@ -83,6 +83,8 @@ class Job(Base):
     input_file_id: Mapped[str | None] = mapped_column(String(64))
     endpoint: Mapped[str | None] = mapped_column(String(64))
     output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
+    validation_token: Mapped[str | None] = mapped_column(String(32))  # the validation run that owns a `validating` job
+    validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
 
 
 class Request(Base):

@@ -70,7 +70,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
         for unit_id, plan, _, _ in batch:
             _write_input(ctx, unit_id, plan, prepared)
-        units += retrying(ctx.sessions, lambda session, batch=batch: [u for u in (_persist_unit(session, *entry) for entry in batch) if u])
+        units += retrying(ctx.sessions, lambda session, batch=batch: [u for u in (_persist_unit(session, *e) for e in batch) if u])
     return units
 
 
