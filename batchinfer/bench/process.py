@@ -39,12 +39,13 @@ def request_file(workload: Workload, path: Path) -> None:
 
 
 def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
-    """Run one process; wall time and its own peak RSS (wait4's rusage is per child)."""
+    """Run one process; wall time and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's
+    ru_maxrss: on Linux a forked child starts with its parent's high-water mark, so a big parent inflates it."""
     start = time.time()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
         try:
-            _, status, usage = _wait4(proc, timeout_s)
+            status, peak_kib = _wait4(proc, timeout_s)
         except TimeoutError:
             proc.kill()
             proc.wait()
@@ -53,22 +54,34 @@ def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
         out.seek(0)
         err.seek(0)
         rc = os.waitstatus_to_exitcode(status)
-        result = {"wall_s": round(wall, 3), "max_rss_mib": round(usage.ru_maxrss / 1024, 1), "rc": rc,
+        result = {"wall_s": round(wall, 3), "max_rss_mib": round(peak_kib / 1024, 1), "rc": rc,
                   "stdout": out.read().decode(errors="replace")[-2000:]}
         if rc != 0:
             result["error"] = err.read().decode(errors="replace")[-600:]
         return result
 
 
-def _wait4(proc: subprocess.Popen, timeout_s: float):
-    deadline = time.time() + timeout_s
+def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
+    """(wait status, peak VmHWM in KiB) once the process exits, VmHWM sampled while it runs."""
+    deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        peak = max(peak, _hwm_kib(proc.pid))
+        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return pid, status, usage
+            return status, peak
         time.sleep(0.01)
     raise TimeoutError
+
+
+def _hwm_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        pass
+    return 0
 
 
 def _command(system: str, work: Path, gguf: str, threads: int) -> list[str]:
