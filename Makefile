@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 export BATCHINFER_MODEL_CACHE ?= $(HOME)/.cache/batchinfer/models
 PYTEST_ARGS ?=
 
-.PHONY: install demo model test
+.PHONY: install demo model test llamacpp
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -15,6 +15,10 @@ install:
 model:
 	$(PYTHON) -c "import os, time; from batchinfer.engine.loader import resolve_model_dir; t = time.time(); \
 	print('model ready at', resolve_model_dir(None, os.environ['BATCHINFER_MODEL_CACHE']), f'({time.time() - t:.1f} s)')"
+
+# llama.cpp for the bench's baselines: a source build with flags picked from /proc/cpuinfo (AMX off).
+llamacpp:
+	PIP="$(PIP)" bash scripts/install_llamacpp.sh
 
 demo: install model
 	batchinfer run examples/sample.jsonl -o results.jsonl --errors errors.jsonl

@@ -1,5 +1,11 @@
 """Errors the service raises for people: the CLI prints them as one line and exits non-zero."""
 
+EXCERPT_CHARS = 300  # how much of a user's value or a cause any error message echoes
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
 
 class BatchInferError(Exception):
     exit_code = 1

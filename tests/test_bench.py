@@ -68,3 +68,40 @@ def test_bench_writes_side_by_side_results_and_plot(tmp_path):
     assert 70 <= data["workloads"]["shared-prefix"]["shared_prefix_tokens"] <= 80
     assert data["machine"]["cores"] >= 1
     assert "engine" in result.output and "hf-single" in result.output
+
+
+def test_three_documents_interleave_so_neighbours_never_share_the_document(tokenizer):
+    workload = build("three-documents", tokenizer, requests=6, shared_tokens=80)
+    p = workload.prompts
+    from batchinfer.bench.workloads import common_prefix_len
+    assert common_prefix_len(p[0], p[3]) >= 70 and common_prefix_len(p[0], p[1]) < 40
+    assert len(workload.chats) == 6 and build("single", tokenizer).max_tokens == 1
+
+
+def test_llamacpp_systems_skip_with_a_reason_when_the_binding_is_missing(monkeypatch):
+    import sys
+
+    from batchinfer.bench.config import BenchOptions
+    from batchinfer.bench.harness import run_system
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the import fails as when it is not installed
+    options = BenchOptions(systems=("llamacpp-batched",), cache_dir=get_settings().model_cache, isolate=False)
+    for system in ("llamacpp", "llamacpp-sorted", "llamacpp-batched"):
+        result = run_system(system, options)
+        assert result["runs"] == [] and "llama-cpp-python is not installed" in result["skipped"]
+
+
+def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, tokenizer):
+    import sys
+
+    from batchinfer.bench.process import markdown, request_file, timed
+    grow = "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('{\"output_tokens\": 3}')"
+    result = timed([sys.executable, "-c", grow], env=None, timeout_s=60)
+    assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
+    workload = build("shared-prefix", tokenizer, requests=2, max_tokens=3, shared_tokens=80)
+    request_file(workload, tmp_path / "r.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [line["body"]["max_tokens"] for line in lines] == [3, 3]
+    assert lines[1]["body"]["messages"][1]["content"] == workload.chats[1][1]
+    rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0} for s, w in
+            (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
+    assert "| 2.50x |" in markdown({"rows": rows})

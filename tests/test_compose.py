@@ -17,6 +17,8 @@ def test_compose_has_every_service_and_a_gpu_worker():
     env = services["worker"]["environment"]
     assert env["BATCHINFER_STORAGE_URL"].startswith("s3://") and env["AWS_ENDPOINT_URL"] == "http://minio:9000"
     assert "mc mb" in services["minio-init"]["command"][0]
+    assert services["api"]["command"][0] == "serve" and "8000:8000" in services["api"]["ports"]
+    assert services["api"]["environment"] == env  # the API reads the same settings as the workers
 
 
 def test_compose_file_passes_docker_compose_config():

@@ -41,3 +41,17 @@ def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
     with factory() as session:
         job = session.get(Job, "batch_x")
     assert job.metadata_ == {} and job.completed == 0 and job.errors == []
+
+
+def test_a_current_database_skips_alembic_and_a_behind_one_is_upgraded(tmp_path):
+    from alembic import command
+
+    from batchinfer.db.session import alembic_config, is_current
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    assert not is_current(url)  # no alembic_version table yet
+    upgrade(url)
+    assert is_current(url)
+    command.downgrade(alembic_config(url), "-1")  # one revision behind
+    assert not is_current(url)
+    upgrade(url)
+    assert is_current(url)

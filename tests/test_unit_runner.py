@@ -51,7 +51,7 @@ def test_racing_runs_of_one_unit_on_postgres_commit_once(make_context, postgres_
     b = unit_runner._commit(ctx, unit.unit_id, "units/b.jsonl", records)
     assert a.committed and not b.committed
     job = service.get(ctx, job.id)
-    assert job.completed == 2 and job.completion_tokens == sum(r["tokens"][1] for r in records.values())
+    assert job.completed == 2 and job.completion_tokens == sum(r.completion_tokens for r in records.values())
     with ctx.sessions() as session:
         assert session.get(WorkUnit, unit.unit_id).result_key == "units/a.jsonl"
 

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from batchinfer.engine.types import SamplingParams
 from batchinfer.jobs.validation import CODES, ValidationLimits, validate_stream
 from jobfiles import chat_line, completion_line
 
@@ -32,8 +33,8 @@ def test_a_good_file_is_tokenized_with_the_chat_template(tokenizer):
     assert chat.prompt_token_ids[0] == 1  # <|im_start|>
     assert tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
     assert valid[1].prompt_token_ids == tokenizer.encode("Once upon", add_special_tokens=False)
-    assert valid[1].sampling == {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None,
-                                 "stop": ["x"]}
+    assert valid[1].sampling == SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                                               stop=("x",))
     assert [v.index for v in valid] == [0, 1]
 
 
@@ -102,7 +103,7 @@ def test_file_too_large(tokenizer):
 def test_only_the_configured_model_is_served(tokenizer):
     report, valid, _ = _validate(tokenizer, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                                                         "body": {"prompt": "hi"}}).encode())
-    assert report.ok and valid[0].model == MODEL and valid[0].sampling["max_tokens"] == 256
+    assert report.ok and valid[0].model == MODEL and valid[0].sampling.max_tokens == 256
 
 
 @pytest.mark.parametrize("body,param", [

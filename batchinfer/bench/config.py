@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 from .workloads import WORKLOADS
 
-SYSTEMS = ("engine", "hf-single", "hf-padded", "llamacpp")
+SYSTEMS = ("engine", "hf-single", "hf-padded", "llamacpp", "llamacpp-sorted", "llamacpp-batched")
 CPU_FP32_PEAK_GFLOPS = 170.0  # measured fp32 matmul peak of the 2-core reference machine
 
 

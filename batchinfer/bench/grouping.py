@@ -243,7 +243,7 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
 
     from batchinfer.jobs import keys, service
     from batchinfer.db.models import WorkUnit
-    from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan
+    from batchinfer.planner import PlannerConfig, estimate_plan
     from batchinfer.jobs.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
@@ -252,7 +252,7 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
         with ctx.storage.open_read(keys.job_prepared(job.id)) as stream:
             for raw in stream:
                 req = PreparedRequest.from_json(raw)
-                pending.append(PendingRequest(job.id, req.index, tuple(req.prompt_token_ids), req.sampling["max_tokens"]))
+                pending.append(req.to_pending(job.id))
     optimum = estimate_plan(pending, PlannerConfig()).expected_cached_tokens
     with ctx.sessions() as session:
         units = list(session.scalars(select(WorkUnit)))

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-WORKLOADS = ("shared-prefix", "no-sharing", "long-decode")
+WORKLOADS = ("single", "shared-prefix", "three-documents", "no-sharing", "long-decode")
 
 _NAMES = ["Alvarez", "Brennan", "Chandra", "Dubois", "Eriksen", "Fujita", "Garcia", "Haddad", "Ivanova", "Jensen",
           "Kowalski", "Lindqvist", "Moreau", "Nakamura", "Okafor", "Petrov", "Quinn", "Rossi", "Santos", "Tanaka"]
@@ -27,6 +27,7 @@ _ROLES = ["Poet", "Historian", "Gardener", "Engineer", "Sailor", "Chef", "Teache
           "Cartographer", "Beekeeper", "Potter", "Ranger", "Tailor", "Weaver", "Glassblower", "Surveyor", "Jeweler",
           "Clockmaker"]
 _LABELS = "urgent, routine, financial, operational or legal"
+_LABEL_SYSTEM = f"You label internal incident reports. Answer with one word: {_LABELS}."
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Workload:
     prompts: list[list[int]]  # token ids, chat template applied
     max_tokens: int
     description: str
+    chats: list[tuple[str, str]] = field(default_factory=list)  # (system, user) per prompt, for request files
 
     @property
     def prompt_tokens(self) -> int:
@@ -104,42 +106,62 @@ def shared_prefix(tokenizer, requests: int = 32, max_tokens: int = 8, seed: int 
                   shared_tokens: int = 370) -> Workload:
     """The document-to-label case: one long document, many short questions about it."""
     rng = random.Random(seed)
-    system = f"You label internal incident reports. Answer with one word: {_LABELS}."
-    document = _document(tokenizer, rng, system, shared_tokens)
-    prompts = []
-    for i in range(requests):
-        question = f"{rng.choice(_NAMES)}, week {rng.randint(1, 52)}, case {i}?"
-        prompts.append(_encode_chat(tokenizer, system, _doc_user(document, question)))
+    document = _document(tokenizer, rng, _LABEL_SYSTEM, shared_tokens)
+    chats = [(_LABEL_SYSTEM, _doc_user(document, _question(rng, i))) for i in range(requests)]
     description = f"one document, ~{shared_tokens} shared tokens, a short question each"
-    return Workload("shared-prefix", prompts, max_tokens, description)
+    return _workload("shared-prefix", tokenizer, chats, max_tokens, description)
+
+
+def three_documents(tokenizer, requests: int = 96, max_tokens: int = 8, seed: int = 0,
+                    shared_tokens: int = 370) -> Workload:
+    """Three documents, questions interleaved (doc 0, 1, 2, 0, ...): file order never repeats a prefix."""
+    rng = random.Random(seed + 3)
+    documents = [_document(tokenizer, rng, _LABEL_SYSTEM, shared_tokens) for _ in range(3)]
+    chats = [(_LABEL_SYSTEM, _doc_user(documents[i % 3], _question(rng, i))) for i in range(requests)]
+    description = f"three documents of ~{shared_tokens} tokens, questions interleaved"
+    return _workload("three-documents", tokenizer, chats, max_tokens, description)
+
+
+def single(tokenizer, requests: int = 1, max_tokens: int = 1, seed: int = 0) -> Workload:
+    """One short request, one output token: start-up dominates a whole process."""
+    chats = [("You answer briefly.", f"What is {i + 2} + {i + 2}?") for i in range(requests)]
+    return _workload("single", tokenizer, chats, max_tokens, "one short request")
+
+
+def _question(rng: random.Random, i: int) -> str:
+    return f"{rng.choice(_NAMES)}, week {rng.randint(1, 52)}, case {i}?"
+
+
+def _workload(name: str, tokenizer, chats: list[tuple[str, str]], max_tokens: int, description: str) -> Workload:
+    prompts = [_encode_chat(tokenizer, system, user) for system, user in chats]
+    return Workload(name, prompts, max_tokens, description, chats)
 
 
 def no_sharing(tokenizer, requests: int = 32, max_tokens: int = 40, seed: int = 0) -> Workload:
     """Short prompts with distinct system messages, so no two share more than the template's first tokens."""
     rng = random.Random(seed + 1)
     roles, topics = rng.sample(_ROLES, len(_ROLES)), rng.sample(_TOPICS, len(_TOPICS))
-    prompts = []
-    for i in range(requests):
-        role, topic = roles[i % len(roles)], topics[(i * 7) % len(topics)]
-        system = f"{role} {i}: you explain things in plain words."
-        prompts.append(_encode_chat(tokenizer, system, f"Tell me something interesting about {topic}."))
-    return Workload("no-sharing", prompts, max_tokens, "short distinct prompts")
+    chats = [(f"{roles[i % len(roles)]} {i}: you explain things in plain words.",
+              f"Tell me something interesting about {topics[(i * 7) % len(topics)]}.") for i in range(requests)]
+    return _workload("no-sharing", tokenizer, chats, max_tokens, "short distinct prompts")
 
 
 def long_decode(tokenizer, requests: int = 4, max_tokens: int = 128, seed: int = 0) -> Workload:
     rng = random.Random(seed + 2)
     roles, topics = rng.sample(_ROLES, len(_ROLES)), rng.sample(_TOPICS, len(_TOPICS))
-    prompts = [_encode_chat(tokenizer, f"{roles[i % len(roles)]} {i}: you write long, detailed answers.",
-                            f"Write a detailed essay about {topics[i % len(topics)]}.") for i in range(requests)]
-    return Workload("long-decode", prompts, max_tokens, "a few prompts, long outputs")
+    chats = [(f"{roles[i % len(roles)]} {i}: you write long, detailed answers.",
+              f"Write a detailed essay about {topics[i % len(topics)]}.") for i in range(requests)]
+    return _workload("long-decode", tokenizer, chats, max_tokens, "a few prompts, long outputs")
 
 
-_BUILDERS = {"shared-prefix": shared_prefix, "no-sharing": no_sharing, "long-decode": long_decode}
+_BUILDERS = {"single": single, "shared-prefix": shared_prefix, "three-documents": three_documents,
+             "no-sharing": no_sharing, "long-decode": long_decode}
+_SHARED = ("shared-prefix", "three-documents")
 
 
 def build(name: str, tokenizer, requests: int | None = None, max_tokens: int | None = None,
           seed: int = 0, shared_tokens: int = 370) -> Workload:
-    kwargs = {"seed": seed} | ({"shared_tokens": shared_tokens} if name == "shared-prefix" else {})
+    kwargs = {"seed": seed} | ({"shared_tokens": shared_tokens} if name in _SHARED else {})
     if requests is not None:
         kwargs["requests"] = requests
     if max_tokens is not None:

@@ -3,20 +3,25 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from batchinfer.jobs import service
+from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError
-from batchinfer.cli.render import error_line, job_table, jobs_table
+from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
@@ -40,13 +45,13 @@ def friendly_errors(command):
             raise
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
-            raise typer.Exit(exc.exit_code)
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
             err.print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], markup=False, highlight=False)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
     return wrapper
 
 
@@ -122,8 +127,8 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
 
 def _print_plan(ctx, file: Path, as_json: bool) -> None:
     """What the file would cost on the known workers, before anything runs (nothing is stored)."""
-    from batchinfer.runtime.dispatch import planner_config
     from batchinfer.cli.render import known_workers, plan_table
+    from batchinfer.runtime.dispatch import planner_config
     from batchinfer.runtime.preview import preview
 
     workers = known_workers(ctx.settings)
@@ -177,9 +182,9 @@ def _run_in_process(ctx, job, quiet: bool = False) -> None:
 @app.command()
 @friendly_errors
 def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
-           model: Optional[str] = typer.Option(None, help="model id (default: the served model)"),
+           model: str | None = typer.Option(None, help="model id (default: the served model)"),
            metadata: list[str] = typer.Option([], "--metadata", "-m", help="key=value, repeatable"),
-           completion_window: Optional[str] = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
+           completion_window: str | None = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
            dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its cost estimate; submit nothing"),
            as_json: bool = typer.Option(False, "--json", help="print the job object as JSON")):
@@ -332,7 +337,7 @@ def cancel(job_id: str, as_json: bool = typer.Option(False, "--json")):
 @app.command()
 @friendly_errors
 def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
-             errors: Optional[Path] = typer.Option(None, "--errors", help="where to write the error file")):
+             errors: Path | None = typer.Option(None, "--errors", help="where to write the error file")):
     """Download a finished job's results (and errors)."""
     client = _client()
     if client is not None:
@@ -371,9 +376,9 @@ def _write_atomically(path: Path, fetch) -> bool:
 @friendly_errors
 def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
-        errors: Optional[Path] = typer.Option(None, "--errors", help="where to write the error file"),
+        errors: Path | None = typer.Option(None, "--errors", help="where to write the error file"),
         skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
+        dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Validate, plan and run a file in this process (no services needed), then write the results."""
     _force_dtype(dtype)
     ctx = _context(embedded=True)
@@ -395,10 +400,10 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 
 @app.command()
 @friendly_errors
-def worker(name: Optional[str] = typer.Option(None, help="worker name (default: host name)"),
+def worker(name: str | None = typer.Option(None, help="worker name (default: host name)"),
            queues: list[str] = typer.Option([], "--queues", "-Q", help="extra queues, repeatable or comma-separated"),
            loglevel: str = typer.Option("INFO"),
-           dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP)):
+           dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP)):
     """Start a Celery worker: loads the model once, consumes the shared queue and its own queue."""
     from batchinfer.settings import get_settings
     from workers.main import start_worker
@@ -423,7 +428,7 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
 @keys_app.command("create")
 @friendly_errors
 def keys_create(name: str = typer.Option(..., help="who the key is for"),
-                webhook: Optional[str] = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
+                webhook: str | None = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
                 admin: bool = typer.Option(False, "--admin", help="may see the workers on the dashboard"),
                 as_json: bool = typer.Option(False, "--json")):
     """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
@@ -481,11 +486,16 @@ def db_upgrade(revision: str = typer.Argument("head")):
     err.print(f"database at {revision}: {url.split('@')[-1]}")
 
 
-from batchinfer.bench.command import bench  # noqa: E402  (registered here so the CLI stays one list of commands)
+# The bench commands register last: they import this module's app.
+from batchinfer.bench.api import bench_api_command  # noqa: E402
+from batchinfer.bench.command import bench  # noqa: E402
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.process_command import bench_process_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
+app.command("bench-api")(bench_api_command)
+app.command("bench-process")(bench_process_command)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from batchinfer.cluster.registry import WorkerState
+from batchinfer.errors import excerpt
 from batchinfer.jobs.reports import GroupFigures
 from batchinfer.planner import PlanEstimate
 from batchinfer.settings import Settings
@@ -46,10 +47,6 @@ def job_table(batch: dict) -> Table:
         more = f"\n... and {count - 20} more" if count > 20 else ""
         table.add_row("errors", f"{count}\n{shown}{more}")
     return table
-
-
-def excerpt(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def error_line(error: dict) -> str:

@@ -24,7 +24,6 @@ from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.jobs import lifecycle
 
 log = logging.getLogger(__name__)
-SWEEP_LOCK_S = 300.0
 
 
 @dataclass
@@ -48,7 +47,9 @@ def maybe_sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks) ->
     """Sweep when one is due (every sweep_interval_s across all workers) and no other sweep runs."""
     if not registry.due("sweep", ctx.settings.sweep_interval_s):
         return None
-    lock = registry.lock("sweep-lock", SWEEP_LOCK_S)
+    # held no longer than a dead worker takes to be noticed: a worker killed mid-sweep must not stall
+    # recovery; two sweeps that overlap after that are still safe (every step is a conditional UPDATE)
+    lock = registry.lock("sweep-lock", max(ctx.settings.worker_ttl_s, 2 * ctx.settings.sweep_interval_s))
     if not lock.acquire():
         return None
     try:

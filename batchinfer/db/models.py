@@ -1,6 +1,8 @@
 """The job system's tables: jobs, their requests, and the work units that run them."""
 from __future__ import annotations
 
+from enum import StrEnum, nonmember
+
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -9,7 +11,7 @@ class Base(DeclarativeBase):
     pass
 
 
-class JobStatus:
+class JobStatus(StrEnum):
     VALIDATING = "validating"
     QUEUED = "queued"
     IN_PROGRESS = "in_progress"
@@ -19,11 +21,11 @@ class JobStatus:
     EXPIRED = "expired"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
-    TERMINAL = (COMPLETED, FAILED, EXPIRED, CANCELLED)
-    RUNNABLE = (QUEUED, IN_PROGRESS)
+    TERMINAL = nonmember((COMPLETED, FAILED, EXPIRED, CANCELLED))
+    RUNNABLE = nonmember((QUEUED, IN_PROGRESS))
 
 
-class RequestStatus:
+class RequestStatus(StrEnum):
     PENDING = "pending"  # valid, waiting for a unit
     PLANNED = "planned"  # in a unit that has not started
     RUNNING = "running"
@@ -31,11 +33,11 @@ class RequestStatus:
     FAILED = "failed"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
-    OPEN = (PENDING, PLANNED, RUNNING)
-    UNSTARTED = (PENDING, PLANNED)
+    OPEN = nonmember((PENDING, PLANNED, RUNNING))
+    UNSTARTED = nonmember((PENDING, PLANNED))
 
 
-class UnitStatus:
+class UnitStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DONE = "done"
@@ -81,6 +83,8 @@ class Job(Base):
     input_file_id: Mapped[str | None] = mapped_column(String(64))
     endpoint: Mapped[str | None] = mapped_column(String(64))
     output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
+    validation_token: Mapped[str | None] = mapped_column(String(32))  # the validation run that owns a `validating` job
+    validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
 
 
 class Request(Base):
@@ -96,6 +100,10 @@ class Request(Base):
     status: Mapped[str] = mapped_column(String(16))
     unit_id: Mapped[str | None] = mapped_column(ForeignKey("work_units.id"))
     unit_pos: Mapped[int | None] = mapped_column(Integer)
+    # set when its unit commits (0 for a failed request), summed in SQL for `status`
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class WorkUnit(Base):
@@ -121,7 +129,7 @@ class WorkUnit(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
 
 
-class WebhookStatus:
+class WebhookStatus(StrEnum):
     PENDING = "pending"  # due at next_attempt_at (a claimed row's next_attempt_at is its lease end)
     DELIVERED = "delivered"
     FAILED = "failed"  # gave up: the receiver never answered 2xx within webhook_max_age_s

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -100,4 +101,25 @@ def upgrade(url: str, revision: str = "head") -> None:
 
     if url.startswith("sqlite"):
         get_engine(url)  # creates the data directory
+    if revision == "head" and is_current(url):
+        return  # the common start-up case: skip Alembic's environment and migration context
     command.upgrade(alembic_config(url), revision)
+
+
+def is_current(url: str) -> bool:
+    """The stored alembic revision is the head: read one row and the version files' ids, nothing more."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        with get_engine(url).connect() as conn:
+            stored = {row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))}
+    except SQLAlchemyError:
+        return False  # no table yet: a new database
+    return bool(stored) and stored == _heads()
+
+
+def _heads() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())

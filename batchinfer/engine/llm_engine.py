@@ -4,12 +4,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
-
 from .attention import make_attention_backend
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .loader import LoadedModel, load_model
+from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -37,9 +35,10 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
-                        config: EngineConfig | None = None) -> "LLMEngine":
+                        config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
-        return cls(load_model(model_path, cache_dir, dtype=config.torch_dtype), config)
+        # The runner casts the weights to config.dtype as it copies them.
+        return cls(load_model_light(model_path, cache_dir), config)
 
     # the request API -------------------------------------------------------------------------------
 

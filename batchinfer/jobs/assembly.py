@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from batchinfer.jobs import formats, keys
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
+from batchinfer.jobs.records import UnitResult
 from batchinfer.storage import Storage
 
 _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),
@@ -20,9 +21,9 @@ def _unit_records(storage: Storage, result_key: str, job_id: str, committed: set
     requests this unit committed: a request cancelled while the unit ran is in the file but not counted."""
     with storage.open_read(result_key) as stream:
         for raw in stream:
-            entry = json.loads(raw)
-            if entry["job_id"] == job_id and entry["index"] in committed:
-                yield entry["line"], entry["ok"], formats.dumps(entry["record"])
+            entry = UnitResult.from_json(raw)
+            if entry.job_id == job_id and entry.index in committed:
+                yield entry.line, entry.ok, formats.dumps(entry.record)
 
 
 def _invalid_records(storage: Storage, job_id: str) -> Iterator[tuple[int, bool, bytes]]:

@@ -10,11 +10,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, func, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
+from batchinfer.errors import excerpt
 from batchinfer.jobs.assembly import assemble
 from batchinfer.jobs.webhook_events import record_final
 
@@ -52,8 +53,9 @@ def recover_validating(ctx: AppContext, now: float) -> list[str]:
     from batchinfer.jobs.service import validate_job  # the service builds on this module
 
     stale = now - ctx.settings.validation_stale_s
+    last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
     with ctx.sessions() as session:
-        job_ids = list(session.scalars(select(Job.id).where(Job.status == JobStatus.VALIDATING, Job.created_at < stale)
+        job_ids = list(session.scalars(select(Job.id).where(Job.status == JobStatus.VALIDATING, last_progress < stale)
                                        .order_by(Job.created_at).limit(10)))
     recovered = []
     for job_id in job_ids:
@@ -61,13 +63,16 @@ def recover_validating(ctx: AppContext, now: float) -> list[str]:
             validate_job(ctx, job_id)
             recovered.append(job_id)
         except FileNotFoundError:  # its input never reached storage: nothing can run
-            _fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
+            fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
         except Exception as exc:
-            log.warning("revalidating %s failed: %s", job_id, str(exc)[:300])
+            log.warning("revalidating %s failed: %s", job_id, excerpt(str(exc)))
     return recovered
 
 
-def _fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+    """A `validating` job that can never run fails with `message` (bounded) as its one error."""
+    message = excerpt(message)
+
     def work(session) -> None:
         failed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(
             status=JobStatus.FAILED, failed_at=time.time(), error_count=1,
@@ -147,7 +152,7 @@ def try_finalize(ctx: AppContext, job_id: str) -> bool:
         retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
         return True
     except Exception as exc:  # storage or database still failing after retries: try again later
-        retrying(ctx.sessions, lambda session: _finalize_failed(session, job_id, claimed, exc))
+        retrying(ctx.sessions, lambda session, exc=exc: _finalize_failed(session, job_id, claimed, exc))
         return False
 
 
@@ -169,9 +174,13 @@ def _assemble(ctx: AppContext, session, job_id: str, claimed: tuple[bool, int]) 
     job = session.get(Job, job_id)
     job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
     cancelled, _ = claimed
-    final = JobStatus.CANCELLED if cancelled else JobStatus.EXPIRED if expired else JobStatus.COMPLETED
-    job.status = final
-    setattr(job, f"{final}_at", time.time())
+    now = time.time()
+    if cancelled:
+        job.status, job.cancelled_at = JobStatus.CANCELLED, now
+    elif expired:
+        job.status, job.expired_at = JobStatus.EXPIRED, now
+    else:
+        job.status, job.completed_at = JobStatus.COMPLETED, now
     record_final(session, job)
 
 

@@ -2,7 +2,6 @@
 tokens, and progress by group (for `batchinfer status`)."""
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
@@ -10,6 +9,7 @@ from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Request, RequestStatus, UnitStatus, WorkUnit
+from batchinfer.jobs.records import work_tokens
 
 NO_GROUP = "(no group)"
 
@@ -52,26 +52,26 @@ class GroupFigures:
 
 
 def unit_figures(ctx: AppContext, job_id: str) -> list[UnitFigures]:
+    """Per unit of this job: its requests, how many finished, and their prompt and cached tokens (the counts
+    stored on the request rows at commit, summed in SQL)."""
     with ctx.sessions() as session:
         counts = session.execute(
-            select(Request.unit_id, Request.status, func.count()).where(Request.job_id == job_id,
-                                                                        Request.unit_id.is_not(None))
+            select(Request.unit_id, Request.status, func.count(), func.sum(Request.prompt_tokens),
+                   func.sum(Request.cached_tokens))
+            .where(Request.job_id == job_id, Request.unit_id.is_not(None))
             .group_by(Request.unit_id, Request.status)).all()
-        unit_ids = sorted({u for u, _, _ in counts})
+        unit_ids = sorted({row[0] for row in counts})
         units = {u.id: u for u in session.scalars(select(WorkUnit).where(WorkUnit.id.in_(unit_ids)))} if unit_ids else {}
-    per_unit: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for unit_id, status, n in counts:
-        per_unit[unit_id][0] += n
+    per_unit: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for unit_id, status, n, prompt, cached in counts:
+        t = per_unit[unit_id]
+        t[0] += n
         if status in (RequestStatus.COMPLETED, RequestStatus.FAILED):
-            per_unit[unit_id][1] += n
-    figures = []
-    for unit_id in unit_ids:
-        unit = units[unit_id]
-        fig = UnitFigures(unit_id, unit.prefix_key, unit.shared_prefix_len, unit.status, unit.worker, *per_unit[unit_id])
-        if unit.status == UnitStatus.DONE and unit.result_key:
-            fig.prompt_tokens, fig.cached_tokens = _tokens_of_job(ctx, unit.result_key, job_id)
-        figures.append(fig)
-    return figures
+            t[1] += n
+            t[2] += prompt or 0
+            t[3] += cached or 0
+    return [UnitFigures(u, units[u].prefix_key, units[u].shared_prefix_len, units[u].status, units[u].worker,
+                        *per_unit[u]) for u in unit_ids]
 
 
 def group_figures(units: list[UnitFigures]) -> list[GroupFigures]:
@@ -99,27 +99,14 @@ def job_prefix_report(ctx: AppContext, job_id: str) -> dict:
     return {"groups": [g.to_dict() for g in group_figures(units)], "units": units_json(units)}
 
 
-def _tokens_of_job(ctx: AppContext, result_key: str, job_id: str) -> tuple[int, int]:
-    prompt = cached = 0
-    with ctx.storage.open_read(result_key) as stream:
-        for raw in stream:
-            record = json.loads(raw)
-            if record["job_id"] == job_id:
-                prompt += record["tokens"][0]
-                cached += record["tokens"][2]
-    return prompt, cached
-
-
 def unit_summary(ctx: AppContext, unit_id: str) -> tuple[str, int]:
     """A finished unit's prefix key and the tokens it computed (uncached prompt plus completion)."""
     with ctx.sessions() as session:
         unit = session.get(WorkUnit, unit_id)
-    if unit is None:
-        return "", 0
-    work = 0
-    if unit.status == UnitStatus.DONE and unit.result_key:
-        with ctx.storage.open_read(unit.result_key) as stream:
-            for raw in stream:
-                prompt, completion, cached = json.loads(raw)["tokens"]
-                work += prompt - cached + completion
-    return unit.prefix_key, work
+        if unit is None:
+            return "", 0
+        if unit.status != UnitStatus.DONE:
+            return unit.prefix_key, 0
+        work = session.scalar(select(func.sum(work_tokens(Request.prompt_tokens, Request.completion_tokens,
+                                                          Request.cached_tokens))).where(Request.unit_id == unit_id))
+    return unit.prefix_key, int(work or 0)

@@ -5,15 +5,15 @@ import time
 import uuid
 from typing import BinaryIO
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 
 from batchinfer.jobs import formats, keys, webhook_events
-from batchinfer.jobs.lifecycle import close_unstarted, try_finalize
+from batchinfer.jobs.lifecycle import close_unstarted, fail_validation, try_finalize
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
-from batchinfer.db.session import transaction
+from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, excerpt
 from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
@@ -28,17 +28,17 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
            metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
            priority: int = 0, now: float | None = None) -> Job:
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
-    job = create_job(ctx, filename=filename, model=model, metadata=metadata, completion_window=completion_window,
-                     skip_invalid=skip_invalid, priority=priority, now=now)
-    ctx.storage.upload(job.input_key, source)
+    job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
+                     completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
     return validate_job(ctx, job.id)
 
 
-def create_job(ctx: AppContext, *, input_key: str | None = None, filename: str = "", model: str | None = None,
-               metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
-               priority: int = 0, now: float | None = None, **fields) -> Job:
-    """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file), else the
-    job's own input key, which the caller fills before `validate_job`. `fields` are further Job columns."""
+def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
+               model: str | None = None, metadata: dict | None = None, completion_window: str | None = None,
+               skip_invalid: bool = False, priority: int = 0, now: float | None = None, **fields) -> Job:
+    """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file, not copied),
+    else `source`, streamed to the job's own input key. `fields` are further Job columns (owner_id, ...).
+    If storing `source` fails, the job is failed at once naming the cause, and the error is raised."""
     settings = ctx.settings
     model = model or settings.model_id
     if model != settings.model_id:
@@ -54,19 +54,67 @@ def create_job(ctx: AppContext, *, input_key: str | None = None, filename: str =
               input_key=input_key or keys.job_input(job_id), errors=[], **fields)
     with transaction(ctx.sessions) as session:
         session.add(job)
+    if source is not None:
+        _store_input(ctx, job, source)
     return job
 
 
+def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
+    try:
+        ctx.storage.upload(job.input_key, source)
+    except Exception as exc:  # storage down: the job can never run, so it ends now rather than at the sweep
+        cause = f"could not store the input file: {type(exc).__name__}: {excerpt(str(exc))}"
+        try:
+            fail_validation(ctx, job.id, cause)
+        except Exception:  # the database is down too: the sweep fails it once validation_stale_s has passed
+            pass
+        raise BatchInferError(f"job {job.id}: {cause}") from exc
+
+
+class ValidationSuperseded(Exception):
+    """This validation run no longer owns the job: it was cancelled, or another run took it over."""
+
+
 def validate_job(ctx: AppContext, job_id: str) -> Job:
-    """Validate a `validating` job's stored input and move it on to queued or failed. Safe to rerun after a
-    crash: it starts clean. A cancel that lands meanwhile wins: the job then stays cancelled."""
-    job = get(ctx, job_id)
-    if job.status != JobStatus.VALIDATING:
-        return job
-    with transaction(ctx.sessions) as session:  # a rerun after a crash drops what the crashed run inserted
-        session.execute(delete(Request).where(Request.job_id == job_id))
-    report = _validate(ctx, job)
-    return _after_validation(ctx, job_id, report)
+    """Validate a `validating` job's stored input and move it on to queued or failed; returns the job.
+    Idempotent and resumable: each run claims the job and starts clean (a crashed run's request rows are
+    dropped), request rows are committed in batches, and a run that lost its claim stops. A cancel that
+    lands meanwhile wins: the job ends cancelled and is never set back to queued."""
+    token = _claim_validation(ctx, job_id)
+    if token is None:
+        return get(ctx, job_id)
+    try:
+        report = _validate(ctx, get(ctx, job_id), token)
+    except ValidationSuperseded:
+        return get(ctx, job_id)
+    return _after_validation(ctx, job_id, token, report)
+
+
+def _claim_validation(ctx: AppContext, job_id: str) -> str | None:
+    token = uuid.uuid4().hex
+
+    def work(session) -> int:
+        claimed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING)
+                                  .values(validation_token=token, validation_heartbeat_at=time.time())).rowcount
+        if claimed:  # a rerun after a crash drops what the crashed run inserted
+            session.execute(delete(Request).where(Request.job_id == job_id))
+        return claimed
+
+    return token if retrying(ctx.sessions, work) else None
+
+
+def _commit_requests(ctx: AppContext, job_id: str, token: str, rows: list[dict]) -> None:
+    """One short transaction per batch of rows, under the job row's lock, only while this run owns the job."""
+    def work(session) -> None:
+        job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
+        if job is None or job.status != JobStatus.VALIDATING or job.validation_token != token:
+            raise ValidationSuperseded(job_id)
+        if rows:
+            session.execute(insert(Request), rows)
+        job.validation_heartbeat_at = time.time()
+
+    retrying(ctx.sessions, work)
+    rows.clear()
 
 
 def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
@@ -75,11 +123,11 @@ def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
                             default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept)
 
 
-def _validate(ctx: AppContext, job: Job) -> ValidationReport:
+def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
     tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
     rows: list[dict] = []
-    with (transaction(ctx.sessions) as session, ctx.storage.open_read(job.input_key) as source,
+    with (ctx.storage.open_read(job.input_key) as source,
           ctx.storage.open_write(keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(keys.job_invalid(job.id)) as invalid):
         def on_valid(req: PreparedRequest) -> None:
@@ -87,16 +135,14 @@ def _validate(ctx: AppContext, job: Job) -> ValidationReport:
             rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id,
                          "status": RequestStatus.PENDING})
             if len(rows) >= INSERT_BATCH:
-                session.execute(insert(Request), rows)
-                rows.clear()
+                _commit_requests(ctx, job.id, token, rows)
 
         def on_invalid(error: LineError) -> None:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
 
         report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, on_invalid)
-        if rows:
-            session.execute(insert(Request), rows)
+        _commit_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
     return report
 
 
@@ -104,13 +150,16 @@ def _runs(job: Job, report: ValidationReport) -> bool:
     return report.valid > 0 and (report.ok or (job.skip_invalid and not report.file_error))
 
 
-def _after_validation(ctx: AppContext, job_id: str, report: ValidationReport) -> Job:
+def _after_validation(ctx: AppContext, job_id: str, token: str, report: ValidationReport) -> Job:
     now = time.time()
     with transaction(ctx.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job.status != JobStatus.VALIDATING:  # cancelled while it validated: nothing of it runs
             session.execute(delete(Request).where(Request.job_id == job_id))
             return job
+        if job.validation_token != token:  # another run owns it now and decides
+            return job
+        job.validation_token = None
         job.errors = [e.to_dict() for e in report.errors]
         job.error_count = report.error_count
         job.total = report.lines
@@ -160,6 +209,9 @@ def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWN
             raise JobNotFound(f"no job {job_id!r}")
         if job.status in JobStatus.TERMINAL or job.status == JobStatus.CANCELLING:
             raise BatchInferError(f"job {job_id} is already {job.status}")
+        if job.status == JobStatus.VALIDATING:  # its validation stops at its next batch; no request of it counts
+            session.execute(delete(Request).where(Request.job_id == job_id))
+            job.validation_token = None
         job.status, job.cancelling_at = JobStatus.CANCELLING, now
         close_unstarted(session, job_id, RequestStatus.CANCELLED)
     try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it

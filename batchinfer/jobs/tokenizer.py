@@ -16,7 +16,8 @@ def remember_tokenizer(settings: Settings, tokenizer, max_model_len: int) -> Non
 
 
 class _LazyTokenizer:
-    """Loads the tokenizer (and transformers, and torch) on first use: a file that fails early never pays for it."""
+    """Loads the tokenizer (tokenizers + jinja2; transformers only without a tokenizer.json) on first use:
+    a file that fails early never pays for it."""
 
     def __init__(self, folder: Path):
         self._folder = folder
@@ -24,9 +25,14 @@ class _LazyTokenizer:
 
     def __getattr__(self, name: str):
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
+            if (self._folder / "tokenizer.json").exists():
+                from batchinfer.engine.light_loader import LightTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+                self._tokenizer = LightTokenizer(self._folder)
+            else:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
         return getattr(self._tokenizer, name)
 
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import BinaryIO, Callable
+
+from batchinfer.engine.types import SamplingParams
+from batchinfer.jobs.records import PreparedRequest
+
+__all__ = ["PreparedRequest", "LineError", "ValidationLimits", "ValidationReport", "validate_stream"]
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -36,24 +41,6 @@ class LineError:
     def __str__(self) -> str:
         where = f"line {self.line}" if self.line is not None else "file"
         return f"{where}: {self.code}: {self.message}"
-
-
-@dataclass
-class PreparedRequest:
-    index: int  # position among the valid lines
-    line: int
-    custom_id: str
-    url: str
-    model: str
-    prompt_token_ids: list[int]
-    sampling: dict
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> "PreparedRequest":
-        return cls(**json.loads(text))
 
 
 @dataclass
@@ -203,7 +190,7 @@ def _check_line(number, raw, index, tokenizer, limits, seen_ids) -> tuple[list[L
         return fail("context_length_exceeded",
                     f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling['max_tokens']}) = {needed} "
                     f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id)
-    return [], PreparedRequest(index, number, custom_id, obj["url"], model, prompt_ids, sampling)
+    return [], PreparedRequest(index, number, custom_id, obj["url"], model, prompt_ids, SamplingParams(**sampling))
 
 
 def _custom_id(obj: dict) -> str | None:

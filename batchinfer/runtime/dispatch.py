@@ -5,11 +5,10 @@ enqueues the returned units (Celery) or runs them in-process (embedded).
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from sqlalchemy import and_, bindparam, distinct, func, or_, select, update
 
@@ -17,10 +16,10 @@ from batchinfer.jobs import keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
-from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
+from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_priorities
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
-from batchinfer.jobs.validation import PreparedRequest
+from batchinfer.jobs.records import PreparedRequest, UnitRequest
 
 
 @dataclass(frozen=True)
@@ -59,9 +58,8 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     if not pending:
         return []
     prepared = _load_prepared(ctx, pending)
-    requests = [PendingRequest(job_id, index, tuple(prepared[job_id, index].prompt_token_ids),
-                               prepared[job_id, index].sampling["max_tokens"], jobs[job_id].priority,
-                               jobs[job_id].queued_at or jobs[job_id].created_at)
+    requests = [prepared[job_id, index].to_pending(job_id, jobs[job_id].priority,
+                                                   jobs[job_id].queued_at or jobs[job_id].created_at)
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans = plan_units(requests, config or planner_config(ctx))
     queues = _route(plans, live_workers or [], worker_loads)
@@ -72,14 +70,14 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
         for unit_id, plan, _, _ in batch:
             _write_input(ctx, unit_id, plan, prepared)
-        units += retrying(ctx.sessions, lambda session: [u for u in (_persist_unit(session, *entry) for entry in batch) if u])
+        units += retrying(ctx.sessions, lambda session, batch=batch: [u for u in (_persist_unit(session, *e) for e in batch) if u])
     return units
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
     with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
         for req in plan.requests:
-            out.write(json.dumps({"job_id": req.job_id, **asdict(prepared[req.job_id, req.index])}).encode() + b"\n")
+            out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index]).to_json() + b"\n")
 
 
 def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:

@@ -34,13 +34,13 @@ def get_generator(settings: Settings):
 
 
 def _load(settings: Settings):
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress bar tells the story
     if settings.engine == "batchinfer":
         from batchinfer.engine import LLMEngine
 
         return LLMEngine.from_pretrained(settings.model, str(settings.model_cache), _engine_config(settings))
+    from transformers.utils import logging as hf_logging
+
     from batchinfer.runtime.hf_generate import HFGenerator
 
+    hf_logging.disable_progress_bar()  # our own progress bar tells the story
     return HFGenerator.from_pretrained(settings.model, str(settings.model_cache))

@@ -23,7 +23,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     pending: list[PendingRequest] = []
 
     def on_valid(req: PreparedRequest) -> None:
-        pending.append(PendingRequest("dry-run", req.index, tuple(req.prompt_token_ids), req.sampling["max_tokens"]))
+        pending.append(req.to_pending("dry-run"))
 
     report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
     rate = sum(w.prefill_tokens_per_s or assumed_tokens_per_s for w in workers)

@@ -5,11 +5,10 @@ conditional UPDATE on work_units lets exactly one run commit, so every request i
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from sqlalchemy import bindparam, select, update
@@ -18,7 +17,9 @@ from batchinfer.jobs import formats, keys, lifecycle
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
-from batchinfer.engine.types import GenerationRequest, SamplingParams
+from batchinfer.engine.types import GenerationRequest, GenerationResult
+from batchinfer.jobs.records import UnitRequest, UnitResult
+from batchinfer.runtime.generator import CheckingGenerator, Generator
 
 log = logging.getLogger(__name__)
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
@@ -39,8 +40,12 @@ class UnitOutcome:
     work_tokens: int = 0  # uncached prompt + completion tokens this run computed
 
 
-def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
-             on_result: Callable[[object], None] | None = None, incarnation: str | None = None,
+OnResult = Callable[[GenerationResult], None]
+Records = dict[tuple[str, int], UnitResult]
+
+
+def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
+             on_result: OnResult | None = None, incarnation: str | None = None,
              stopping: Callable[[], bool] = lambda: False) -> UnitOutcome:
     """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted."""
     started = _start(ctx, unit_id, worker, incarnation)
@@ -49,11 +54,8 @@ def run_unit(ctx: AppContext, unit_id: str, generator, worker: str,
     attempt, to_run, prefix_key = started
     requests = _load_requests(ctx, unit_id, to_run)
     records = _generate(requests, generator, worker, on_result, stopping)
-    work_tokens = sum(r["tokens"][0] - r["tokens"][2] + r["tokens"][1] for r in records.values())
-    result_key = keys.unit_results(unit_id, attempt)
-    with ctx.storage.open_write(result_key) as out:
-        for key in sorted(records):
-            out.write(json.dumps(records[key], separators=(",", ":")).encode() + b"\n")
+    work_tokens = sum(r.work_tokens for r in records.values())
+    result_key = _write_results(ctx, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     if outcome.committed:
@@ -90,26 +92,34 @@ def _start(ctx: AppContext, unit_id: str, worker: str,
     return retrying(ctx.sessions, work)
 
 
-def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) -> list[dict]:
+def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) -> list[UnitRequest]:
     wanted = []
     with ctx.storage.open_read(keys.unit_input(unit_id)) as stream:
         for raw in stream:
-            entry = json.loads(raw)
-            if (entry["job_id"], entry["index"]) in to_run:
+            entry = UnitRequest.from_json(raw)
+            if entry.key in to_run:
                 wanted.append(entry)
     return wanted
 
 
-def _generate(requests: list[dict], generator, worker: str, on_result,
-              stopping: Callable[[], bool] = lambda: False) -> dict[tuple[str, int], dict]:
+def _write_results(ctx: AppContext, unit_id: str, attempt: int, records: Records) -> str:
+    result_key = keys.unit_results(unit_id, attempt)
+    with ctx.storage.open_write(result_key) as out:
+        for key in sorted(records):
+            out.write(records[key].to_json() + b"\n")
+    return result_key
+
+
+def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
+              stopping: Callable[[], bool] = lambda: False) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone: it is checked before the
     batch runs, and a batch that fails anyway is run again one request at a time."""
-    records: dict[tuple[str, int], dict] = {}
+    records: Records = {}
     runnable = []
     for r in requests:
         refused = _refusal(generator, r)
         if refused:
-            records[r["job_id"], r["index"]] = _error_record(r, "invalid_request", refused)
+            records[r.key] = _error_record(r, "invalid_request", refused)
         else:
             runnable.append(r)
     try:
@@ -119,8 +129,8 @@ def _generate(requests: list[dict], generator, worker: str, on_result,
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
         if len(runnable) == 1:
             r = runnable[0]
-            log.warning("request %s:%s failed in the engine: %s", r["job_id"], r["index"], _cause(exc))
-            records[r["job_id"], r["index"]] = _error_record(r, "server_error", f"generation failed: {_cause(exc)}")
+            log.warning("request %s failed in the engine: %s", r.request_id, _cause(exc))
+            records[r.key] = _error_record(r, "server_error", f"generation failed: {_cause(exc)}")
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(runnable))
             for r in runnable:
@@ -128,35 +138,38 @@ def _generate(requests: list[dict], generator, worker: str, on_result,
     return records
 
 
-def _run_batch(requests: list[dict], generator, worker: str, on_result) -> dict[tuple[str, int], dict]:
+def _generation_request(r: UnitRequest) -> GenerationRequest:
+    # a copy: the engine may set fields (arrival_time) on what it is given
+    return GenerationRequest(r.request_id, list(r.request.prompt_token_ids), replace(r.request.sampling))
+
+
+def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None) -> Records:
     if not requests:
         return {}
-    by_id = {f"{r['job_id']}:{r['index']}": r for r in requests}
-    gen_requests = [GenerationRequest(rid, r["prompt_token_ids"], _sampling(r["sampling"])) for rid, r in by_id.items()]
-    records = {}
-    for result in generator.generate(gen_requests, on_result=on_result):
+    by_id = {r.request_id: r for r in requests}
+    records: Records = {}
+    for result in generator.generate([_generation_request(r) for r in requests], on_result=on_result):
         r = by_id[result.request_id]
         error = getattr(result, "error", None)  # an engine that reports per-request errors
         if error:
-            records[r["job_id"], r["index"]] = _error_record(r, "invalid_request", str(error)[:500])
+            records[r.key] = _error_record(r, "invalid_request", str(error)[:500])
             continue
-        line = formats.output_line(r["job_id"], r["index"], r["custom_id"], r["url"], r["model"], result, worker)
-        records[r["job_id"], r["index"]] = {"job_id": r["job_id"], "index": r["index"], "line": r["line"], "ok": True,
-                                           "record": line, "tokens": [result.prompt_tokens, result.completion_tokens,
-                                                                      result.cached_tokens]}
+        p = r.request
+        line = formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, result, worker)
+        records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, result.prompt_tokens,
+                                    result.completion_tokens, result.cached_tokens)
     return records
 
 
-def _refusal(generator, r: dict) -> str | None:
+def _refusal(generator: Generator, r: UnitRequest) -> str | None:
     """Why the engine can never run this request, or None (checked before the batch, so it fails alone)."""
-    seed = r["sampling"].get("seed")
+    seed = r.request.sampling.seed
     if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         return f"seed {str(seed)[:40]} is outside the range the sampler accepts"
-    check = getattr(generator, "check_request", None)
-    if check is None:
+    if not isinstance(generator, CheckingGenerator):
         return None
     try:
-        check(GenerationRequest(f"{r['job_id']}:{r['index']}", r["prompt_token_ids"], _sampling(r["sampling"])))
+        generator.check_request(_generation_request(r))
     except ValueError as exc:
         return str(exc)[:500]
     return None
@@ -166,22 +179,17 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def _sampling(params: dict) -> SamplingParams:
-    return SamplingParams(max_tokens=params["max_tokens"], temperature=params["temperature"], top_p=params["top_p"],
-                          top_k=params["top_k"], seed=params["seed"], stop=tuple(params["stop"]))
+def _error_record(r: UnitRequest, code: str, message: str) -> UnitResult:
+    p = r.request
+    return UnitResult(r.job_id, p.index, p.line, False, formats.error_line(r.job_id, p.index, p.custom_id, code,
+                                                                           message, p.line))
 
 
-def _error_record(r: dict, code: str, message: str) -> dict:
-    line = formats.error_line(r["job_id"], r["index"], r["custom_id"], code, message, r["line"])
-    return {"job_id": r["job_id"], "index": r["index"], "line": r["line"], "ok": False, "record": line,
-            "tokens": [0, 0, 0]}
-
-
-def _commit(ctx: AppContext, unit_id: str, result_key: str, records: dict) -> UnitOutcome:
+def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records) -> UnitOutcome:
     return retrying(ctx.sessions, lambda session: _commit_in(session, unit_id, result_key, records))
 
 
-def _commit_in(session, unit_id: str, result_key: str, records: dict) -> UnitOutcome:
+def _commit_in(session, unit_id: str, result_key: str, records: Records) -> UnitOutcome:
     fence = session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status != UnitStatus.DONE)
                             .values(status=UnitStatus.DONE, result_key=result_key, finished_at=time.time(),
                                     last_error=None))
@@ -196,22 +204,25 @@ def _commit_in(session, unit_id: str, result_key: str, records: dict) -> UnitOut
     records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
     for status in (RequestStatus.COMPLETED, RequestStatus.FAILED):
         ok = status == RequestStatus.COMPLETED
-        batch = [{"j": j, "i": i} for (j, i), rec in sorted(records.items()) if rec["ok"] == ok]
+        batch = [{"j": j, "i": i, "p": rec.prompt_tokens, "c": rec.completion_tokens, "k": rec.cached_tokens}
+                 for (j, i), rec in sorted(records.items()) if rec.ok == ok]
         if batch:
             stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
-                    .values(status=status))
+                    .values(status=status, prompt_tokens=bindparam("p"), completion_tokens=bindparam("c"),
+                            cached_tokens=bindparam("k")))
             session.connection().execute(stmt, batch)
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for (job_id, _), rec in records.items():
         t = totals[job_id]
-        t[0 if rec["ok"] else 1] += 1
-        for k in range(3):
-            t[2 + k] += rec["tokens"][k]
+        t[0 if rec.ok else 1] += 1
+        t[2] += rec.prompt_tokens
+        t[3] += rec.completion_tokens
+        t[4] += rec.cached_tokens
     for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
         session.execute(update(Job).where(Job.id == job_id).values(
             completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
             completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
-    n_ok = sum(1 for r in records.values() if r["ok"])
+    n_ok = sum(1 for r in records.values() if r.ok)
     return UnitOutcome(unit_id, committed=True, completed=n_ok, failed=len(records) - n_ok)
 
 
@@ -226,12 +237,9 @@ def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:
         open_ = set(session.execute(select(Request.job_id, Request.index).where(
             Request.unit_id == unit_id, Request.status.in_((RequestStatus.PLANNED, RequestStatus.RUNNING)))))
     requests = _load_requests(ctx, unit_id, open_)
-    records = {(r["job_id"], r["index"]): _error_record(r, "server_error", f"the unit failed {attempt - 1} "
-                                                          f"times: {cause}"[:500]) for r in requests}
-    result_key = keys.unit_results(unit_id, attempt)
-    with ctx.storage.open_write(result_key) as out:
-        for key in sorted(records):
-            out.write(json.dumps(records[key], separators=(",", ":")).encode() + b"\n")
+    message = f"the unit failed {attempt - 1} times: {cause}"[:500]
+    records = {r.key: _error_record(r, "server_error", message) for r in requests}
+    result_key = _write_results(ctx, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
     if outcome.committed:
         log.error("unit %s failed for good: %d requests fail with server_error (%s)", unit_id, len(records), cause)

@@ -61,6 +61,11 @@ def _chat_prompts() -> list[list[dict]]:
 
 
 @pytest.fixture(scope="session")
+def chat_prompts() -> list[list[dict]]:
+    return _chat_prompts()
+
+
+@pytest.fixture(scope="session")
 def prompt_token_ids(loaded_model) -> list[list[int]]:
     tok = loaded_model.tokenizer
     texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in _chat_prompts()]

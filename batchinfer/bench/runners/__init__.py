@@ -17,6 +17,12 @@ def make_runner(system: str, options) -> Runner:
     if system == "llamacpp":
         from .llamacpp import LlamaCppRunner
         return LlamaCppRunner(options)
+    if system == "llamacpp-sorted":
+        from .llamacpp import LlamaCppRunner
+        return LlamaCppRunner(options, sort_prompts=True)
+    if system == "llamacpp-batched":
+        from .llamacpp_batched import LlamaCppBatchedRunner
+        return LlamaCppBatchedRunner(options)
     raise ValueError(f"unknown system {system!r}")
 
 

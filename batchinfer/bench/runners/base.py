@@ -20,7 +20,7 @@ class Runner(ABC):
     def run(self, workload: Workload) -> tuple[list[RequestRecord], PhaseStats | None]:
         """Serve every prompt greedily to exactly workload.max_tokens tokens (EOS ignored), all arriving now."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: most runners hold nothing to release
         pass
 
 

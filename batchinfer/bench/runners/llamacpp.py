@@ -1,4 +1,4 @@
-"""llama.cpp through llama-cpp-python on the same GGUF file, one request at a time, greedy."""
+"""llama.cpp through llama-cpp-python on the same GGUF file, one request at a time (file order or sorted), greedy."""
 from __future__ import annotations
 
 import time
@@ -10,26 +10,35 @@ from ..workloads import Workload, common_prefix_len
 from .base import Runner, SystemUnavailable, failed_record, sequential_phases
 
 
-class LlamaCppRunner(Runner):
-    name = "llamacpp"
+def model_shape(gguf: str, cache_dir: str) -> ModelShape:
+    from transformers import AutoConfig
+    return ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_dir(gguf, cache_dir)))
 
-    def __init__(self, options):
+
+class LlamaCppRunner(Runner):
+    """One request at a time; sort_prompts serves them sorted, so neighbours share the longest prefix."""
+
+    def __init__(self, options, sort_prompts: bool = False):
+        self.name = "llamacpp-sorted" if sort_prompts else "llamacpp"
+        self.sort_prompts = sort_prompts
         try:
             from llama_cpp import Llama
         except ImportError as exc:
-            raise SystemUnavailable(f"llama-cpp-python is not installed (pip install 'batchinfer[llamacpp]'): {exc}")
+            raise SystemUnavailable(f"llama-cpp-python is not installed (pip install 'batchinfer[llamacpp]'): {exc}") from exc
         gguf = options.model_path or default_model_path()
         if not gguf.endswith(".gguf"):
             raise SystemUnavailable(f"llama.cpp needs a .gguf file, got {gguf}")
-        from transformers import AutoConfig
-        self.shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_dir(gguf, options.cache_dir)))
+        self.shape = model_shape(gguf, options.cache_dir)
         self.gguf = gguf
         self.llm = Llama(model_path=gguf, n_ctx=4096, n_batch=512, n_threads=options.llamacpp_threads,
                          n_threads_batch=options.llamacpp_threads, seed=options.seed, verbose=False)
 
     def run(self, workload: Workload) -> tuple[list[RequestRecord], PhaseStats]:
         arrival, records = time.time(), []
-        for i, prompt in enumerate(workload.prompts):
+        order = list(enumerate(workload.prompts))
+        if self.sort_prompts:
+            order.sort(key=lambda item: item[1])
+        for i, prompt in order:
             rid, start = f"{workload.name}-{i}", time.time()
             try:
                 records.append(self._one(rid, prompt, workload.max_tokens, arrival, start))

@@ -1,7 +1,6 @@
 """Store kernel: write the new tokens' K and V rows into their paged-cache slots."""
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -1,0 +1,88 @@
+"""Load a converted model without transformers: safetensors weights, a `tokenizers` tokenizer, a jinja2 template.
+
+Importing transformers costs seconds and hundreds of MB; the engine needs only the weights, the config, and a
+tokenizer that encodes, decodes and renders the chat template. LightTokenizer gives the same ids as
+transformers' apply_chat_template + encode (tests/engine/test_light_loader.py checks it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+
+class LightTokenizer:
+    def __init__(self, folder: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config = _read_json(folder / "tokenizer_config.json")
+        self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        self.eos_token = self.special["eos_token"]
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        template = folder / "chat_template.jinja"
+        self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
+        self._template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True):
+        text = self._compiled().render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                       **self.special)
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def _compiled(self):
+        if self._template is None:
+            if not self.chat_template:
+                raise ValueError("the tokenizer has no chat template")
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            # The same environment options transformers uses, so the rendering is identical.
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(self.chat_template)
+        return self._template
+
+
+def light_model(folder: Path):
+    """The converted safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
+    from safetensors.torch import load_file
+
+    config = SimpleNamespace(**_read_json(folder / "config.json"))
+    weights = load_file(str(folder / "model.safetensors"))
+    tree = SimpleNamespace(config=config, generation_config=SimpleNamespace(**_read_json(
+        folder / "generation_config.json")))
+    for name, tensor in weights.items():
+        _assign(tree, name.split("."), tensor)
+    if not hasattr(tree, "lm_head"):  # tied embeddings: the file holds only embed_tokens
+        tree.lm_head = SimpleNamespace(weight=tree.model.embed_tokens.weight)
+    tree.model.layers = [tree.model.layers[str(i)] for i in range(config.num_hidden_layers)]
+    return tree
+
+
+def _assign(tree, parts: list[str], tensor) -> None:
+    node = tree
+    for part in parts[:-1]:  # "layers" holds a dict keyed by the layer number until light_model lists it
+        if isinstance(node, dict):
+            node = node.setdefault(part, SimpleNamespace())
+        else:
+            if not hasattr(node, part):
+                setattr(node, part, {} if part == "layers" else SimpleNamespace())
+            node = getattr(node, part)
+    setattr(node, parts[-1], tensor)
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _raise(message: str):
+    raise ValueError(message)

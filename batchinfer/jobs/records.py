@@ -1,0 +1,108 @@
+"""Records that cross a seam between layers: a prepared request (validation -> dispatch -> unit runner)
+and a unit's result lines (unit runner -> assembly, reports)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from batchinfer.engine.types import SamplingParams
+from batchinfer.planner import PendingRequest
+
+T = TypeVar("T")
+
+
+def work_tokens(prompt: T, completion: T, cached: T) -> T:
+    """Tokens a run computed: uncached prompt plus completion. Works on ints and on SQL column expressions."""
+    return prompt - cached + completion  # type: ignore[operator]
+
+
+@dataclass
+class PreparedRequest:
+    """A valid input line, tokenized: what a job's prepared file holds, one JSON line each."""
+
+    index: int  # position among the valid lines
+    line: int
+    custom_id: str
+    url: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, entry: dict[str, Any]) -> PreparedRequest:
+        return cls(**{**entry, "sampling": SamplingParams(**entry["sampling"])})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PreparedRequest:
+        return cls.from_dict(json.loads(text))
+
+    def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0) -> PendingRequest:
+        return PendingRequest(job_id, self.index, tuple(self.prompt_token_ids), self.sampling.max_tokens,
+                              priority, submitted_at)
+
+
+@dataclass
+class UnitRequest:
+    """One line of a unit's input file: a prepared request and the job it belongs to."""
+
+    job_id: str
+    request: PreparedRequest
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job_id, self.request.index
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.job_id}:{self.request.index}"
+
+    def to_json(self) -> bytes:
+        return json.dumps({"job_id": self.job_id, **self.request.to_dict()}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> UnitRequest:
+        entry = json.loads(raw)
+        job_id = entry.pop("job_id")
+        return cls(job_id, PreparedRequest.from_dict(entry))
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """One request's outcome in a unit's results file (one JSON line each, sorted by job, then index)."""
+
+    job_id: str
+    index: int  # position among the job's valid requests
+    line: int  # 1-based line of the input file
+    ok: bool
+    record: dict[str, Any]  # the output or error line the job's files get
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job_id, self.index
+
+    @property
+    def work_tokens(self) -> int:
+        return work_tokens(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"job_id": self.job_id, "index": self.index, "line": self.line, "ok": self.ok,
+                           "record": self.record, "prompt_tokens": self.prompt_tokens,
+                           "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> UnitResult:
+        entry = json.loads(raw)
+        if "tokens" in entry:  # a file written before the counts were named: [prompt, completion, cached]
+            entry["prompt_tokens"], entry["completion_tokens"], entry["cached_tokens"] = entry.pop("tokens")
+        return cls(**entry)

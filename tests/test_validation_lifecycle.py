@@ -1,0 +1,100 @@
+"""validate_job: batched commits, a clean restart after a crash, cancel winning over validation, and the sweep
+step for jobs left `validating`."""
+import io
+
+from sqlalchemy import func, select
+
+from batchinfer.db.models import Job, Request
+from batchinfer.jobs import lifecycle, service
+from jobfiles import chat_line
+
+
+def _input(n: int) -> io.BytesIO:
+    return io.BytesIO("".join(chat_line(f"r{i}", f"q{i}", max_tokens=1) + "\n" for i in range(n)).encode())
+
+
+def _request_rows(ctx, job_id: str) -> int:
+    with ctx.sessions() as session:
+        return session.scalar(select(func.count()).select_from(Request).where(Request.job_id == job_id))
+
+
+def test_a_crashed_validation_is_rerun_from_a_clean_start(make_context, monkeypatch):
+    ctx = make_context()
+    monkeypatch.setattr(service, "INSERT_BATCH", 10)
+    job = service.create_job(ctx, source=_input(35))
+    real_commit, calls = service._commit_requests, []
+
+    def crash_on_third_batch(*args):
+        calls.append(1)
+        if len(calls) == 3:  # stands in for a SIGKILL mid-file: two batches are committed
+            raise KeyboardInterrupt
+        real_commit(*args)
+
+    monkeypatch.setattr(service, "_commit_requests", crash_on_third_batch)
+    try:
+        service.validate_job(ctx, job.id)
+    except KeyboardInterrupt:
+        pass
+    assert _request_rows(ctx, job.id) == 20 and service.get(ctx, job.id).status == "validating"
+    monkeypatch.setattr(service, "_commit_requests", real_commit)
+    done = service.validate_job(ctx, job.id)
+    assert done.status == "queued" and done.total == 35 and _request_rows(ctx, job.id) == 35
+
+
+def test_cancel_during_validation_wins(make_context, monkeypatch):
+    ctx = make_context()
+    monkeypatch.setattr(service, "INSERT_BATCH", 10)
+    job = service.create_job(ctx, source=_input(30))
+    real_commit, calls = service._commit_requests, []
+
+    def cancel_after_first_batch(*args):
+        calls.append(1)
+        if len(calls) == 2:  # a cancel from another client lands between two batches
+            assert service.cancel(ctx, job.id).status == "cancelled"
+        real_commit(*args)
+
+    monkeypatch.setattr(service, "_commit_requests", cancel_after_first_batch)
+    final = service.validate_job(ctx, job.id)
+    assert final.status == "cancelled" and final.queued_at is None
+    assert _request_rows(ctx, job.id) == 0 and service.get(ctx, job.id).failed == 0
+    assert service.validate_job(ctx, job.id).status == "cancelled"  # a rerun (the sweep's) changes nothing
+
+
+def test_a_superseded_validation_run_stops_and_the_newer_one_decides(make_context, monkeypatch):
+    ctx = make_context()
+    monkeypatch.setattr(service, "INSERT_BATCH", 10)
+    job = service.create_job(ctx, source=_input(25))
+    real_commit, calls = service._commit_requests, []
+
+    def second_run_takes_over(*args):
+        calls.append(1)
+        if len(calls) == 1:  # the sweep revalidates a run it thought lost, while the first one still goes on
+            monkeypatch.setattr(service, "_commit_requests", real_commit)
+            assert service.validate_job(ctx, job.id).status == "queued"
+        real_commit(*args)
+
+    monkeypatch.setattr(service, "_commit_requests", second_run_takes_over)
+    service.validate_job(ctx, job.id)
+    final = service.get(ctx, job.id)
+    assert final.status == "queued" and final.total == 25 and _request_rows(ctx, job.id) == 25
+
+
+def test_the_sweep_fails_a_job_whose_input_never_arrived(make_context):
+    ctx = make_context(validation_stale_s=0.0)
+    job = service.create_job(ctx, filename="lost.jsonl")  # a submit killed before its upload finished
+    assert lifecycle.recover_validating(ctx, job.created_at + 1) == []
+    failed = service.get(ctx, job.id)
+    assert failed.status == "failed" and "never stored" in failed.errors[0]["message"]
+
+
+def test_the_sweep_leaves_a_validation_that_makes_progress(make_context):
+    ctx = make_context(validation_stale_s=60.0)
+    job = service.create_job(ctx, source=_input(3))
+    with ctx.sessions() as session:
+        session.execute(Job.__table__.update().where(Job.id == job.id)
+                        .values(created_at=job.created_at - 3600, validation_heartbeat_at=job.created_at))
+        session.commit()
+    assert lifecycle.recover_validating(ctx, job.created_at + 30) == []
+    assert service.get(ctx, job.id).status == "validating"
+    assert lifecycle.recover_validating(ctx, job.created_at + 61) == [job.id]
+    assert service.get(ctx, job.id).status == "queued"
