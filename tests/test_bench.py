@@ -102,6 +102,6 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [line["body"]["max_tokens"] for line in lines] == [3, 3]
     assert lines[1]["body"]["messages"][1]["content"] == workload.chats[1][1]
-    rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0} for s, w in
+    rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0} for s, w in
             (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
     assert "| 2.50x |" in markdown({"rows": rows})

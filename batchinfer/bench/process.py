@@ -129,11 +129,15 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         by_work.setdefault(row["work"], {})[row["system"]] = row
     for work, cells in by_work.items():
-        walls = [cells[s]["wall_s"] for s in SYSTEMS if s in cells and s != "batchinfer" and cells[s]["wall_s"]]
-        ours = cells.get("batchinfer", {}).get("wall_s")
+        walls = [cells[s]["wall_s"] for s in SYSTEMS if s in cells and s != "batchinfer" and _ok(cells[s])]
+        ours = cells["batchinfer"]["wall_s"] if _ok(cells.get("batchinfer")) else None
         ratio = f"{min(walls) / ours:.2f}x" if walls and ours else "-"
         lines.append(f"| {work} | " + " | ".join(_cell(cells.get(s)) for s in SYSTEMS) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
+
+
+def _ok(row: dict | None) -> bool:
+    return bool(row) and row.get("rc") == 0 and bool(row.get("wall_s"))
 
 
 def _cell(row: dict | None) -> str:

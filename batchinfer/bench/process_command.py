@@ -38,13 +38,13 @@ def bench_process_command(
     out_dir.mkdir(parents=True, exist_ok=True)
     # batchinfer run uses its own data dir here; one untimed run first creates its database (a user's is warm).
     env = os.environ | {"BATCHINFER_DATA_DIR": str((out_dir / "data").resolve())}
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started, load_before = datetime.now(timezone.utc).isoformat(timespec="seconds"), _uptime()
     if "batchinfer" in systems:
         run_process_bench(tokenizer, gguf, out_dir / "warmup", {"warm-up": ("single", 1, 1)}, ("batchinfer",),
                           env, threads, timeout, progress=lambda line: None)
     report = run_process_bench(tokenizer, gguf, out_dir / "work", suite, systems, env, threads, timeout,
                                progress=lambda line: typer.echo(line, err=True))
-    report["machine"] = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "load_before": _uptime(),
+    report["machine"] = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "load_before": load_before,
                          "python": platform.python_version(), "started_utc": started,
                          "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     report["machine"]["load_after"] = _uptime()
