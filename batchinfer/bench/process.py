@@ -1,7 +1,7 @@
 """Whole-process bench: each system as its own timed process on the same requests, start-up included.
 
 `batchinfer run FILE` against a llama.cpp process (batchinfer.bench.llamacpp_process) on the same GGUF,
-in its three ways. Per process: wall time and peak RSS (the child's own ru_maxrss, from wait4).
+in its three ways. Per process: wall time and peak RSS (the child's own VmHWM).
 The suite is issue 12's table; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
 """
 from __future__ import annotations
