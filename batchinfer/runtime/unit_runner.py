@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, or_, select, update
 
 from batchinfer.jobs import formats, keys, lifecycle
 from batchinfer.context import AppContext
@@ -83,8 +83,11 @@ def _start(ctx: AppContext, unit_id: str, worker: str,
         for job_id in sorted({j for j, _ in to_run}):  # job rows before request rows, in id order
             session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED)
                             .values(status=JobStatus.IN_PROGRESS, in_progress_at=now))
-        stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
-                .values(status=RequestStatus.RUNNING))
+        # The status condition matters: a cancel that committed while this waited for the row keeps its
+        # `cancelled` (already counted as failed); without it the request ran and was counted twice.
+        stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"),
+                                      or_(Request.status == RequestStatus.PLANNED, Request.status == RequestStatus.RUNNING))
+                .values(status=RequestStatus.RUNNING))  # (no IN: executemany cannot expand it)
         if to_run:
             session.connection().execute(stmt, [{"j": j, "i": i} for j, i in sorted(to_run)])
         return unit.attempts, to_run, unit.prefix_key

@@ -307,7 +307,8 @@ class FaultCluster:
         ids = [o["custom_id"] for o in outputs] + [e["custom_id"] for e in errors]
         wanted = [json.loads(line)["custom_id"] for line in lines]
         assert sorted(ids) == sorted(wanted), f"custom_ids differ: {sorted(ids)} vs {sorted(wanted)}"
-        assert (job.completed, job.failed, job.total) == (len(outputs), len(errors), len(lines))
+        assert (job.completed, job.failed, job.total) == (len(outputs), len(errors), len(lines)), \
+            ((job.completed, job.failed, job.total), (len(outputs), len(errors), len(lines)))
         if expect_completed is not None:
             assert job.completed == expect_completed, (job.completed, [e["error"] for e in errors])
         self.assert_no_traceback(*stderr)
