@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -15,6 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from processes import stop
 
 PG_ADMIN_URL = os.environ.get("BATCHINFER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -121,7 +122,7 @@ def s3_server(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _stop(proc)
+        stop(proc, grace_s=3)
         log.close()
 
 
@@ -140,16 +141,6 @@ def _wait_for_s3(proc, log_path: Path, timeout: float = 90) -> None:
         except (BotoCoreError, ClientError):
             time.sleep(1)
     raise RuntimeError(f"S3 server not ready after {timeout}s: {log_path.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(3)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 @pytest.fixture(scope="session")

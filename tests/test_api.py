@@ -3,13 +3,8 @@ driven by the official `openai` SDK (and by the CLI as a thin client)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import io
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 
@@ -19,31 +14,11 @@ import pytest
 
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line, completion_line
+from processes import free_port, start_cli, stop
 
 MAX_FILE_BYTES = 300_000
 ACTIVE_LIMIT = 3
 FINAL = ("completed", "failed", "cancelled", "expired")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args: list[str], env: dict, log_path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=env, stdout=open(log_path, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +31,7 @@ def api(tmp_path_factory, model_cache, postgres_server, redis_server, s3_server,
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
     db_url = postgres_server.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{db}"
-    port = _free_port()
+    port = free_port()
     env = cli_env(root, model_cache, BATCHINFER_DATABASE_URL=db_url,
                   BATCHINFER_STORAGE_URL=f"s3://{s3_bucket}/api-{uuid.uuid4().hex[:8]}",
                   BATCHINFER_BROKER_URL=f"{redis_server}/0", BATCHINFER_BROKER_PREFIX=f"bitest-{uuid.uuid4().hex[:8]}:",
@@ -64,8 +39,8 @@ def api(tmp_path_factory, model_cache, postgres_server, redis_server, s3_server,
                   BATCHINFER_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
                   BATCHINFER_MAX_ACTIVE_BATCHES_PER_OWNER=str(ACTIVE_LIMIT), **s3_server)
     assert batchinfer(env, "db", "upgrade").returncode == 0
-    worker = _start(["worker", "--name", f"w{uuid.uuid4().hex[:6]}"], env, root / "worker.log")
-    server = _start(["serve", "--port", str(port)], env, root / "server.log")
+    worker = start_cli(env, root / "worker.log", "worker", "--name", f"w{uuid.uuid4().hex[:6]}")
+    server = start_cli(env, root / "server.log", "serve", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -79,8 +54,8 @@ def api(tmp_path_factory, model_cache, postgres_server, redis_server, s3_server,
                 time.sleep(0.3)
         yield url, env, root
     finally:
-        _stop(server)
-        _stop(worker)
+        stop(server)
+        stop(worker)
         for log in ("server.log", "worker.log"):
             assert "Traceback" not in (root / log).read_text(errors="replace"), f"traceback in {log}"
         with psycopg.connect(postgres_server, autocommit=True) as conn:

@@ -3,10 +3,6 @@
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 
@@ -16,6 +12,7 @@ from batchinfer.jobs.webhook_signing import new_secret, verify
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
+from processes import free_port, start_cli, stop
 from webhook_receiver import Receiver
 from workers import registry
 
@@ -24,26 +21,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SERVER_SECRET = new_secret()
 SYSTEM = "You are a terse assistant who answers every question about numbers in one short sentence."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(env, log_path, *args):
-    return subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=env, stdout=open(log_path, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc):
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _wait(condition, what: str, timeout: float = 180.0, every: float = 0.5):
@@ -74,9 +51,9 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
                   BATCHINFER_DISPATCH_COUNTDOWN_S="0.5", BATCHINFER_MAX_REQUESTS_PER_UNIT="2",
                   BATCHINFER_WEBHOOK_SECRET=SERVER_SECRET, BATCHINFER_WEBHOOK_POLL_S="0.5", **s3_server)
     assert batchinfer(env, "db", "upgrade").returncode == 0
-    name, port = f"w{uuid.uuid4().hex[:6]}", _free_port()
-    worker = _spawn(env, tmp_path / "worker.log", "worker", "--name", name)
-    server = _spawn(env, tmp_path / "server.log", "serve", "--port", str(port))
+    name, port = f"w{uuid.uuid4().hex[:6]}", free_port()
+    worker = start_cli(env, tmp_path / "worker.log", "worker", "--name", name)
+    server = start_cli(env, tmp_path / "server.log", "serve", "--port", str(port))
     base = f"http://127.0.0.1:{port}"
     settings = Settings(broker_url=env["BATCHINFER_BROKER_URL"], broker_prefix=env["BATCHINFER_BROKER_PREFIX"])
     try:
@@ -86,8 +63,8 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
         yield env, base, name
     finally:
-        _stop(server)
-        _stop(worker)
+        stop(server)
+        stop(worker)
 
 
 def _up(base: str) -> bool:

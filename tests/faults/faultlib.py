@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,10 @@ from pathlib import Path
 
 import pytest
 
+from processes import free_port
+
 MAX_TOKENS = 3
 TRACEBACK = "Traceback (most recent call last)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
