@@ -17,3 +17,7 @@ class JobNotFound(BatchInferError):
 
 class InvalidRequest(BatchInferError):
     exit_code = 2
+
+
+class JobConflict(BatchInferError):
+    """The job's state does not allow it (cancel a finished job): HTTP 409."""

@@ -15,6 +15,7 @@ from batchinfer.api.errors import APIError
 from batchinfer.api.pages import page
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
+from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
 from batchinfer.jobs.batch_view import batch_object
 from batchinfer.settings import parse_duration
@@ -75,7 +76,7 @@ def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(contex
 def _input_file(ctx: AppContext, owner: str, file_id: str) -> files.FileView:
     try:
         upload = files.get(ctx, owner, file_id)
-    except Exception as exc:
+    except JobNotFound as exc:
         raise APIError(404, f"No file with id {file_id[:64]!r}.", "file_not_found", "input_file_id") from exc
     if upload.purpose != "batch":
         raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.", "invalid_file", "input_file_id")

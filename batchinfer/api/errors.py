@@ -6,7 +6,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
@@ -41,9 +41,13 @@ def install(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: InvalidRequest):
         return _reply(400, str(exc), str(exc).split(":", 1)[0] if ":" in str(exc) else None)
 
+    @app.exception_handler(JobConflict)
+    async def _conflict(_: Request, exc: JobConflict):
+        return _reply(409, str(exc), "conflict")
+
     @app.exception_handler(BatchInferError)
-    async def _conflict(_: Request, exc: BatchInferError):
-        return _reply(409 if "already" in str(exc) else 400, str(exc))
+    async def _other(_: Request, exc: BatchInferError):
+        return _reply(400, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):

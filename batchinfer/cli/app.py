@@ -127,22 +127,11 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
 
 def _print_plan(ctx, file: Path, as_json: bool) -> None:
     """What the file would cost on the known workers, before anything runs (nothing is stored)."""
-    from batchinfer.cli.render import known_workers, plan_table
-    from batchinfer.runtime.dispatch import planner_config
-    from batchinfer.runtime.preview import preview
+    from batchinfer.cli.render import known_workers
+    from batchinfer.runtime.preview import summary
 
-    workers = known_workers(ctx.settings)
     with _open_input(file) as source:
-        estimate, report = preview(ctx, source, planner_config(ctx), workers)
-    if as_json:
-        print(json.dumps({**estimate.to_dict(), "invalid_lines": report.lines - report.valid,
-                          "errors": [e.to_dict() for e in report.errors]}))
-    else:
-        for error in report.errors:
-            err.print(f"error: {error_line(error.to_dict())}", markup=False, highlight=False)
-        out.print(plan_table(estimate))
-    if report.valid == 0 or not report.ok:
-        raise typer.Exit(EXIT_INVALID_INPUT)
+        _print_estimate(summary(ctx, source, known_workers(ctx.settings)), as_json)
 
 
 def _report_invalid(job, as_json: bool) -> None:
@@ -234,7 +223,7 @@ def _print_estimate(result: dict, as_json: bool) -> None:
             err.print(f"error: {error_line(error)}", markup=False, highlight=False)
         fields = PlanEstimate.__dataclass_fields__
         out.print(plan_table(PlanEstimate(**{k: v for k, v in result.items() if k in fields})))
-    if result["requests"] == 0 or result["invalid_lines"]:
+    if result["requests"] == 0 or not result["ok"]:
         raise typer.Exit(EXIT_INVALID_INPUT)
 
 

@@ -13,7 +13,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, excerpt
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt
 from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
@@ -208,7 +208,7 @@ def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWN
         if job is None or (owner is not ANY_OWNER and job.owner_id != owner):
             raise JobNotFound(f"no job {job_id!r}")
         if job.status in JobStatus.TERMINAL or job.status == JobStatus.CANCELLING:
-            raise BatchInferError(f"job {job_id} is already {job.status}")
+            raise JobConflict(f"job {job_id} is already {job.status}")
         if job.status == JobStatus.VALIDATING:  # its validation stops at its next batch; no request of it counts
             session.execute(delete(Request).where(Request.job_id == job_id))
             job.validation_token = None

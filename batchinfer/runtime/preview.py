@@ -36,14 +36,18 @@ def estimate_key(estimate_id: str) -> str:
     return f"estimates/{estimate_id}.json"
 
 
-def estimate_file(ctx: AppContext, input_key: str, workers: list[WorkerState]) -> dict:
-    """The estimate of a stored input file, as `batchinfer plan --json` prints it."""
+def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState]) -> dict:
+    """The estimate of a file as `batchinfer plan --json` prints it and the API returns it."""
     from batchinfer.runtime.dispatch import planner_config
 
-    with ctx.storage.open_read(input_key) as source:
-        estimate, report = preview(ctx, source, planner_config(ctx), workers)
-    return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid,
+    estimate, report = preview(ctx, source, planner_config(ctx), workers)
+    return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid, "ok": report.ok,
             "errors": [e.to_dict() for e in report.errors]}
+
+
+def estimate_file(ctx: AppContext, input_key: str, workers: list[WorkerState]) -> dict:
+    with ctx.storage.open_read(input_key) as source:
+        return summary(ctx, source, workers)
 
 
 def store_estimate(ctx: AppContext, estimate_id: str, input_key: str, workers: list[WorkerState]) -> None:
