@@ -122,7 +122,8 @@ def is_current(url: str) -> bool:
 def migration_heads() -> set[str]:
     """The head revisions, read from the version files' `revision` / `down_revision` assignments (what Alembic
     reads) without importing Alembic, which costs a third of a second at every start."""
-    revisions, parents = set(), set()
+    revisions: set[str] = set()
+    parents: set[str] = set()
     for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
         fields = _assignments(path, ("revision", "down_revision"))
         if "revision" in fields:
@@ -137,8 +138,12 @@ def _assignments(path: Path, names: tuple[str, ...]) -> dict:
 
     found = {}
     for node in ast.parse(path.read_text()).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (
-            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and target.id in names and node.value is not None:
-            found[target.id] = ast.literal_eval(node.value)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in names:
+            found[target.id] = ast.literal_eval(value)
     return found

@@ -11,15 +11,19 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .loader import CausalLM
 
 log = logging.getLogger(__name__)
 LAYER_FIELDS = ("input_norm", "qkv_proj", "o_proj", "post_norm", "gate_up_proj", "down_proj")
 LAYOUT_VERSION = 1  # bump when the layout changes: old cache files are then ignored
 
 
-def engine_weights(hf_model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def engine_weights(hf_model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Flat engine names -> contiguous tensors in `dtype`, from a transformers model or the light tree.
     A tied LM head is left out (the engine reuses the embedding)."""
     def take(t: torch.Tensor) -> torch.Tensor:
@@ -43,7 +47,7 @@ def engine_weights(hf_model, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return weights
 
 
-def cached_engine_weights(folder: Path, hf_model, cache_dir: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The engine layout mapped from its cache file; built from `hf_model` (and saved) the first time."""
     from safetensors.torch import load_file
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
+from ..loader import CausalLM
 from ..weights import LAYER_FIELDS, engine_weights
 
 
@@ -25,22 +26,23 @@ class LlamaLayer:
 
 
 class LlamaForCausalLM:
-    def __init__(self, hf_model: torch.nn.Module, attention: AttentionBackend, device: torch.device,
+    def __init__(self, hf_model: CausalLM, attention: AttentionBackend, device: torch.device,
                  dtype: torch.dtype, max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
         cfg = hf_model.config
-        self.num_layers = cfg.num_hidden_layers
-        self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.hidden_size = cfg.hidden_size
-        self.eps = cfg.rms_norm_eps
+        self.num_layers: int = cfg.num_hidden_layers
+        self.num_q_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = cfg.num_key_value_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hidden_size: int = cfg.hidden_size
+        self.eps: float = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.attention = attention
         self._load_weights(hf_model, device, dtype, weights)
         theta = _rope_theta(cfg)
         self.rope_cos, self.rope_sin = _rope_tables(theta, self.head_dim, max_model_len, device)
 
-    def _load_weights(self, hf_model, device, dtype, weights) -> None:
+    def _load_weights(self, hf_model: CausalLM, device: torch.device, dtype: torch.dtype,
+                      weights: dict[str, torch.Tensor] | None) -> None:
         """From engine-layout tensors (engine/weights.py) when given, else converted from the model here."""
         if weights is None:
             weights = engine_weights(hf_model, dtype)
