@@ -111,12 +111,18 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
     return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights)
 
 
+def transformers_tokenizer(folder: Path) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    # transformers types decode as str | list[str] (it also takes batches); for one id list it returns str.
+    return cast(Tokenizer, AutoTokenizer.from_pretrained(folder))
+
+
 def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     folder = resolve_model_dir(model_path, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = transformers_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
-    # transformers types decode as str | list[str] (it also takes batches); for one id list it returns str.
-    return LoadedModel(hf_model=model, tokenizer=cast(Tokenizer, tokenizer), path=str(folder))
+    return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))
