@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 from batchinfer.engine.types import SamplingParams
 from batchinfer.jobs.records import PreparedRequest
@@ -180,9 +180,9 @@ def _check_line(number, raw, index, tokenizer, limits, seen_ids) -> tuple[list[L
     except _FieldProblem as problem:
         problems.append(LineError(number, problem.code, problem.message, problem.param, custom_id))
         prompt_ids = None
-    sampling = {}
-    for problem in _parse_sampling(body, limits.default_max_tokens, sampling):
-        problems.append(LineError(number, problem.code, problem.message, problem.param, custom_id))
+    sampling: dict[str, Any] = {}
+    for bad in _parse_sampling(body, limits.default_max_tokens, sampling):
+        problems.append(LineError(number, bad.code, bad.message, bad.param, custom_id))
     if problems:
         return problems, None
     needed = len(prompt_ids) + sampling["max_tokens"]
