@@ -20,7 +20,7 @@ from rich.progress import (
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError
+from batchinfer.errors import BatchInferError, excerpt, shown
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
@@ -44,13 +44,13 @@ def friendly_errors(command):
         except (typer.Exit, typer.Abort):
             raise
         except BatchInferError as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False)
+            err.print(f"error: {excerpt(str(exc))}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
-            err.print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], markup=False, highlight=False)
+            err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)
             raise typer.Exit(1) from None
     return wrapper
 
@@ -103,7 +103,7 @@ def _parse_metadata(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise BatchInferError(f"--metadata takes key=value, got {pair!r}")
+            raise BatchInferError(f"--metadata takes key=value, got {shown(pair)}")
         metadata[key] = value
     return metadata
 
