@@ -20,6 +20,7 @@ class LightTokenizer:
         self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         self.eos_token = self.special["eos_token"]
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.pad_token_id = self._tok.token_to_id(self.special["pad_token"]) if self.special["pad_token"] else None
         template = folder / "chat_template.jinja"
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
         self._template = None

@@ -23,7 +23,7 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
-        self.max_model_len = min(self.config.max_model_len or hf_config.max_position_embeddings,
+        self.max_model_len: int = min(self.config.max_model_len or hf_config.max_position_embeddings,
                                  hf_config.max_position_embeddings)
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len)
@@ -156,7 +156,7 @@ class LLMEngine:
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:
-    ids = set()
+    ids: set[int] = set()
     for source in (loaded.hf_model.config, getattr(loaded.hf_model, "generation_config", None)):
         eos = getattr(source, "eos_token_id", None)
         ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

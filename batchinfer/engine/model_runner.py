@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
+from .loader import CausalLM
 from .models import LlamaForCausalLM
 from .sampler import Sampler
 from .sequence import Sequence
@@ -29,14 +31,14 @@ class BatchInputs:
     sample_seqs: list[Sequence]
 
 
-def kv_bytes_per_block(hf_config, config: EngineConfig) -> int:
+def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
     return per_token * config.block_size * config.torch_dtype.itemsize
 
 
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module, config: EngineConfig, attention: AttentionBackend,
+    def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
                  max_model_len: int):
         self.config = config
         self.device = torch.device(config.device)
@@ -99,7 +101,9 @@ class ModelRunner:
         return input_ids, positions, slots
 
     def prepare_prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
-        input_ids, positions, slots = [], [], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
         for s in seqs:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids += s.token_ids[start:end]
@@ -112,7 +116,8 @@ class ModelRunner:
         return self._tensor([i for i, _ in picked], torch.int64), [s for _, s in picked]
 
     def _chunk_slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs, slots = self.block_size, []
+        bs = self.block_size
+        slots: list[int] = []
         for b in range(start // bs, (end - 1) // bs + 1):
             base = block_table[b] * bs
             slots += range(base + max(start - b * bs, 0), base + min(end - b * bs, bs))

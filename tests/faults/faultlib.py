@@ -281,7 +281,7 @@ class FaultCluster:
             job = self.job(job_id)
             units = [(u.id[-6:], u.status, u.worker, u.attempts, u.last_error) for u in self.units()]
             tails = "\n".join(f"--- {n}\n{self.log_tail(n, 1500)}" for n in self.procs)
-            raise AssertionError(f"job {job_id} stuck {job.status} ({job.completed}/{job.failed}); units {units}\n{tails}")
+            raise AssertionError(f"job {job_id} stuck {job.status} ({job.completed}/{job.failed}); units {units}\n{tails}") from None
 
     def files(self, job_id: str) -> tuple[list[dict], list[dict]]:
         from batchinfer.jobs import service

@@ -76,7 +76,9 @@ def _padded_attention(q, k_flat, v_flat, batch: _PaddedBatch, scale: float) -> t
 def make_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> _Plan:
     cu = meta.cu_seqlens_q.tolist()
     seq_lens = meta.seq_lens.tolist()
-    fresh, short, long = [], [], []
+    fresh: list[tuple[int, int]] = []
+    short: list[int] = []
+    long: list[int] = []
     for i, total in enumerate(seq_lens):
         q_len = cu[i + 1] - cu[i]
         if q_len == total:

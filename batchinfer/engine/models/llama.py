@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
+from ..loader import CausalLM
 
 
 @dataclass
@@ -23,22 +24,22 @@ class LlamaLayer:
 
 
 class LlamaForCausalLM:
-    def __init__(self, hf_model: torch.nn.Module, attention: AttentionBackend, device: torch.device,
+    def __init__(self, hf_model: CausalLM, attention: AttentionBackend, device: torch.device,
                  dtype: torch.dtype, max_model_len: int):
         cfg = hf_model.config
-        self.num_layers = cfg.num_hidden_layers
-        self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.hidden_size = cfg.hidden_size
-        self.eps = cfg.rms_norm_eps
+        self.num_layers: int = cfg.num_hidden_layers
+        self.num_q_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = cfg.num_key_value_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hidden_size: int = cfg.hidden_size
+        self.eps: float = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.attention = attention
         self._load_weights(hf_model, device, dtype)
         theta = _rope_theta(cfg)
         self.rope_cos, self.rope_sin = _rope_tables(theta, self.head_dim, max_model_len, device)
 
-    def _load_weights(self, hf_model, device, dtype) -> None:
+    def _load_weights(self, hf_model: CausalLM, device: torch.device, dtype: torch.dtype) -> None:
         def take(t: torch.Tensor) -> torch.Tensor:
             return t.detach().to(device=device, dtype=dtype).contiguous()
 
