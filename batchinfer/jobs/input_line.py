@@ -6,17 +6,18 @@ escape could neither be tokenized nor stored.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
-SUPPORTED_URLS = (CHAT_URL, COMPLETIONS_URL)
-ROLES = ("system", "user", "assistant", "developer")
+Url = Literal["/v1/chat/completions", "/v1/completions"]
+SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
+CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS
+Role = Literal["system", "user", "assistant", "developer"]
+ROLES = get_args(Role)
 MAX_STOP = 4
 CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # what torch.Generator.manual_seed and a BIGINT hold
@@ -50,7 +51,7 @@ class InputLine(BaseModel):
 
     custom_id: CustomId = Field(description=f"a non-empty string of at most {CUSTOM_ID_MAX_CHARS} characters")
     method: Literal["POST"] = Field(description="POST")
-    url: Literal[CHAT_URL, COMPLETIONS_URL] = Field(description=f"one of {', '.join(SUPPORTED_URLS)}")
+    url: Url = Field(description=f"one of {', '.join(SUPPORTED_URLS)}")
     body: dict[str, Any] = Field(description="an object")
 
 
@@ -60,7 +61,7 @@ class TextPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    role: Literal[ROLES] = Field(description=f"one of {', '.join(ROLES)}")
+    role: Role = Field(description=f"one of {', '.join(ROLES)}")
     content: Text | list[TextPart] = Field(description="a string or a list of text parts")
 
     def for_template(self) -> dict[str, str]:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from batchinfer.errors import shown
 from batchinfer.jobs.input_line import MODELS
@@ -42,7 +43,7 @@ def one_per_param(found: list[Problem]) -> list[Problem]:
     return list(kept.values())
 
 
-def _problem(error: dict, data: Any, prefix: str) -> Problem:
+def _problem(error: ErrorDetails, data: Any, prefix: str) -> Problem:
     path = _path(error["loc"])
     param = _param(prefix, path)
     field = next((step for step in reversed(path) if isinstance(step, str)), "")

@@ -13,7 +13,7 @@ from typing import BinaryIO, Callable, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
-from batchinfer.jobs.input_line import BODIES, InputLine
+from batchinfer.jobs.input_line import BODIES, ChatBody, CompletionBody, InputLine
 from batchinfer.jobs.line_problems import Problem, first, one_per_param, problems
 from batchinfer.jobs.records import PreparedRequest
 
@@ -132,50 +132,81 @@ def _count_extra(report: ValidationReport, error: LineError, limits: ValidationL
         report.errors.append(error)
 
 
-def _check_line(number, raw, index, tokenizer, limits, seen_ids) -> tuple[list[LineError], PreparedRequest | None]:
-    def fail(code: str, message: str, param: str | None = None, custom_id: str | None = None):
-        return [LineError(number, code, message, param, custom_id)], None
+class _Rejected(Exception):
+    """A line's problems as (code, message, param, custom_id): the first one goes to the error file."""
 
+    def __init__(self, *problems: tuple[str, str, str | None, str | None]):
+        super().__init__(problems[0][1])
+        self.problems = problems
+
+
+def _check_line(number, raw, index, tokenizer, limits, seen_ids) -> tuple[list[LineError], PreparedRequest | None]:
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return fail("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})")
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # ValueError also covers an integer of over 4300 digits
-        reason = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else _json_limit(exc)
-        return fail("invalid_json_line", f"the line is not valid JSON: {reason}")
-    if not isinstance(obj, dict):
-        return fail("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object")
-    line, found = _parse(InputLine, obj)
-    envelope = first(found) if found else None
-    custom_id = obj["custom_id"] if not any(p.path[0] == "custom_id" for p in found) and "custom_id" in obj else None
-    if envelope and (envelope.code == "missing_field" or envelope.path == ("custom_id",)):
-        return fail(envelope.code, envelope.message, envelope.param, custom_id)
-    if custom_id in seen_ids:
-        return fail("duplicate_custom_id", f"custom_id {shown(custom_id)} appears more than once", "custom_id", custom_id)
-    seen_ids.add(custom_id)
-    if envelope:
-        return fail(envelope.code, envelope.message, envelope.param, custom_id)
+        return [], _prepare(number, raw, index, tokenizer, limits, seen_ids)
+    except _Rejected as rejected:
+        return [LineError(number, *problem) for problem in rejected.problems], None
+
+
+def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> PreparedRequest:
+    line, custom_id = _envelope(_decode(raw), seen_ids)
     model = line.body.get("model", limits.model_id)
     if model != limits.model_id:
-        return fail("model_not_found", f"model {shown(model)} is not served here (use {limits.model_id!r})",
-                    "body.model", custom_id)
-    body_model = BODIES[line.url]
-    body, found = _parse(body_model, line.body, "body")
-    if found:
-        prompt = [p for p in found if p.path[:1] == (body_model.PROMPT_FIELD,)]
-        rest = [p for p in found if p.path[:1] != (body_model.PROMPT_FIELD,)]
-        reported = ([first(prompt)] if prompt else []) + one_per_param(rest)
-        return [LineError(number, p.code, p.message, p.param, custom_id) for p in reported], None
+        raise _Rejected(("model_not_found", f"model {shown(model)} is not served here (use {limits.model_id!r})",
+                         "body.model", custom_id))
+    body = _body(line, custom_id)
     prompt_ids = list(tokenizer.encode(body.prompt_text(tokenizer), add_special_tokens=False))
     sampling = body.params(limits.default_max_tokens)
     needed = len(prompt_ids) + sampling.max_tokens
     if needed > limits.max_model_len:
-        return fail("context_length_exceeded",
-                    f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
-                    f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id)
-    return [], PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling)
+        raise _Rejected(("context_length_exceeded",
+                         f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
+                         f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
+    return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling)
+
+
+def _decode(raw: bytes) -> dict:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _Rejected(("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})", None, None)) from None
+    except (ValueError, RecursionError) as exc:  # ValueError also covers an integer of over 4300 digits
+        reason = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else _json_limit(exc)
+        raise _Rejected(("invalid_json_line", f"the line is not valid JSON: {reason}", None, None)) from None
+    if not isinstance(obj, dict):
+        raise _Rejected(("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object", None, None))
+    return obj
+
+
+def _json_limit(exc: Exception) -> str:
+    return "it is nested too deeply" if isinstance(exc, RecursionError) else excerpt(str(exc).split(";")[0])
+
+
+def _envelope(obj: dict, seen_ids: set[str]) -> tuple[InputLine, str]:
+    """In the order the checks always ran: missing fields, custom_id, its uniqueness, then method, url, body."""
+    line, found = _parse(InputLine, obj)
+    problem = first(found) if found else None
+    custom_id = obj.get("custom_id") if not any(p.path[:1] == ("custom_id",) for p in found) else None
+    if problem and (problem.code == "missing_field" or problem.path == ("custom_id",)):
+        raise _Rejected((problem.code, problem.message, problem.param, custom_id))
+    if custom_id in seen_ids:
+        raise _Rejected(("duplicate_custom_id", f"custom_id {shown(custom_id)} appears more than once", "custom_id",
+                         custom_id))
+    seen_ids.add(custom_id)
+    if problem:
+        raise _Rejected((problem.code, problem.message, problem.param, custom_id))
+    return line, custom_id
+
+
+def _body(line: InputLine, custom_id: str) -> ChatBody | CompletionBody:
+    """The first problem of the prompt (messages or prompt) and one for each bad sampling field."""
+    model = BODIES[line.url]
+    body, found = _parse(model, line.body, "body")
+    if found:
+        prompt = [p for p in found if p.path[:1] == (model.PROMPT_FIELD,)]
+        rest = [p for p in found if p.path[:1] != (model.PROMPT_FIELD,)]
+        reported = ([first(prompt)] if prompt else []) + one_per_param(rest)
+        raise _Rejected(*[(p.code, p.message, p.param, custom_id) for p in reported])
+    return body
 
 
 def _parse(model: type[M], data: dict, prefix: str = "") -> tuple[M | None, list[Problem]]:
@@ -183,7 +214,3 @@ def _parse(model: type[M], data: dict, prefix: str = "") -> tuple[M | None, list
         return model.model_validate(data), []
     except ValidationError as exc:
         return None, problems(exc, data, prefix)
-
-
-def _json_limit(exc: Exception) -> str:
-    return "it is nested too deeply" if isinstance(exc, RecursionError) else excerpt(str(exc).split(";")[0])
