@@ -20,6 +20,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 MODES = ("grouping", "fcfs")
 KV_BYTES_PER_TOKEN_FP32 = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: layers x (k, v) x kv heads x head_dim x 4 B
@@ -130,7 +131,7 @@ def run_grouping_bench(options: GroupingBenchOptions, progress=print) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _, jobs = make_jobs(options)
     results = [_run_mode(options, mode, run_dir, jobs, progress) for mode in options.modes]
-    report = {"benchmark": "cross-job prefix grouping", "options": asdict(options),
+    report: dict[str, Any] = {"benchmark": "cross-job prefix grouping", "options": asdict(options),
               "modes": {r.mode: r.to_dict() for r in results}}
     if {"grouping", "fcfs"} <= {r.mode for r in results}:
         on, off = (next(r for r in results if r.mode == m) for m in ("grouping", "fcfs"))
@@ -147,9 +148,9 @@ def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: lis
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     data_dir = run_dir / mode
-    values = {"data_dir": data_dir, "broker_url": options.redis_url, "broker_prefix": prefix,
-              "model_cache": options.model_cache, "max_requests_per_unit": options.max_requests_per_unit,
-              "prefix_grouping": mode == "grouping"}
+    values: dict[str, Any] = {"data_dir": data_dir, "broker_url": options.redis_url, "broker_prefix": prefix,
+                              "model_cache": options.model_cache, "max_requests_per_unit": options.max_requests_per_unit,
+                              "prefix_grouping": mode == "grouping"}
     if options.database_url:
         values["database_url"] = options.database_url
     if options.kv_cache_tokens:
@@ -256,7 +257,8 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
     optimum = estimate_plan(pending, PlannerConfig()).expected_cached_tokens
     with ctx.sessions() as session:
         units = list(session.scalars(select(WorkUnit)))
-    groups, per_worker = defaultdict(set), defaultdict(int)
+    groups: defaultdict[str, set[str | None]] = defaultdict(set)
+    per_worker: defaultdict[str, int] = defaultdict(int)
     for unit in units:
         per_worker[unit.worker or "?"] += 1
         groups[unit.prefix_key or "(no group)"].add(unit.worker)

@@ -76,7 +76,7 @@ class WorkerRegistry:
         self.conn.delete(self._live_key(name))
 
     def _states(self) -> tuple[list[WorkerState], list[WorkerState]]:
-        known = {k.decode(): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}
+        known = {_text(k): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}
         names = sorted(known)
         raws = self.conn.mget([self._live_key(n) for n in names]) if names else []
         live = [WorkerState.from_json(raw) for raw in raws if raw is not None]
@@ -138,7 +138,7 @@ class WorkerRegistry:
 
     def queued_unit_ids(self) -> set[str]:
         """Units with a message waiting in the broker (the shared queue and every known worker's queue)."""
-        queues = [SHARED_QUEUE, *(worker_queue(n.decode()) for n in self.conn.hkeys(self._known))]
+        queues = [SHARED_QUEUE, *(worker_queue(_text(n)) for n in self.conn.hkeys(self._known))]
         found: set[str] = set()
         for queue in queues:
             for key in self._priority_keys(queue):
@@ -156,7 +156,12 @@ class WorkerRegistry:
         return bool(self.conn.set(f"{self.key_prefix}batchinfer:due:{name}", "1", nx=True, px=int(every_s * 1000)))
 
 
-def _unit_of_message(raw: bytes) -> str | None:
+def _text(raw: bytes | str) -> str:
+    """A Redis reply as text (the connection returns bytes unless it was opened with decode_responses)."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _unit_of_message(raw: bytes | str) -> str | None:
     """The unit id of a queued run-unit message (Celery protocol 2 keeps the args' repr in its headers)."""
     try:
         args = json.loads(raw).get("headers", {}).get("argsrepr") or ""

@@ -123,11 +123,11 @@ def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list
     with ctx.sessions() as session:
         rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.dispatched_at, WorkUnit.created_at)
                                     .where(WorkUnit.status == UnitStatus.QUEUED)))
-    rows = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
-    if not rows:
+    stale = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
+    if not stale:
         return []
     present = registry.queued_unit_ids() | {w.unit_id for w in _live(registry).values() if w.unit_id}
-    return [(u, a, "no message for it in the broker") for u, a in rows if u not in present]
+    return [(u, a, "no message for it in the broker") for u, a in stale if u not in present]
 
 
 def _undispatched(ctx: AppContext, now: float) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import exists, func, select, update
 
@@ -152,7 +153,7 @@ def try_finalize(ctx: AppContext, job_id: str) -> bool:
         retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
         return True
     except Exception as exc:  # storage or database still failing after retries: try again later
-        retrying(ctx.sessions, lambda session, exc=exc: _finalize_failed(session, job_id, claimed, exc))
+        retrying(ctx.sessions, partial(_finalize_failed, job_id=job_id, claimed=claimed, exc=exc))
         return False
 
 

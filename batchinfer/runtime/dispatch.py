@@ -9,8 +9,10 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 from sqlalchemy import and_, bindparam, distinct, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from batchinfer.jobs import keys
 from batchinfer.context import AppContext
@@ -70,8 +72,12 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
         for unit_id, plan, _, _ in batch:
             _write_input(ctx, unit_id, plan, prepared)
-        units += retrying(ctx.sessions, lambda session, batch=batch: [u for u in (_persist_unit(session, *e) for e in batch) if u])
+        units += retrying(ctx.sessions, partial(_persist_units, batch=batch))
     return units
+
+
+def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int]]) -> list[DispatchedUnit]:
+    return [u for u in (_persist_unit(session, *e) for e in batch) if u]
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
