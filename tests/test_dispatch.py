@@ -1,3 +1,4 @@
+import pytest
 from sqlalchemy import select
 
 from batchinfer.jobs import service
@@ -7,6 +8,8 @@ from batchinfer.planner import PlannerConfig
 from batchinfer.cluster.routing import choose_queue
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
+
+pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files
 
 
 def test_pending_requests_of_all_queued_jobs_are_planned_once(make_context):
