@@ -7,6 +7,12 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, bounded: how a retried fault is logged (no traceback)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {excerpt(lines[0], 200) if lines else ''}"
+
+
 class BatchInferError(Exception):
     exit_code = 1
 

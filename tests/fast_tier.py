@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 # Each fixture that starts a service or loads the real model (or its tokenizer); the others build on these.
-HEAVY_FIXTURES = frozenset({"postgres_server", "redis_server", "s3_server", "tokenizer", "generator", "loaded_model"})
+HEAVY_FIXTURES = frozenset({"postgres_server", "redis_server", "seaweed", "s3_server", "tokenizer", "generator",
+                            "loaded_model"})
 
 
 class FastTierGuard:

@@ -1,8 +1,10 @@
 import json
+import re
+from datetime import datetime, timezone
 
 import pytest
 
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, batchinfer_into_closed_pipe, cli_env
 from jobfiles import chat_line, completion_line
 
 COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade"]
@@ -79,8 +81,9 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
     assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
-    assert json.loads(errs.read_text())["error"] == {"code": "invalid_json_line", "line": 2, "param": None,
-                                                     "message": json.loads(errs.read_text())["error"]["message"]}
+    error = json.loads(errs.read_text())["error"]
+    assert {k: error[k] for k in ("code", "line", "param")} == {"code": "invalid_json_line", "line": 2, "param": None}
+    assert error["message"] == "the line is not valid JSON: Expecting value at column 1"  # "not json"
     cancel = batchinfer(env, "cancel", job["id"])
     assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
 
@@ -96,6 +99,49 @@ def test_errors_are_one_line_with_distinct_exit_codes(tmp_path, env):
     assert no_broker.returncode == 1 and "BATCHINFER_BROKER_URL" in no_broker.stderr
     bad_meta = batchinfer(env, "submit", _write(tmp_path, [chat_line("a", "b")]), "--metadata", "oops")
     assert bad_meta.returncode == 1 and "key=value" in bad_meta.stderr
+
+
+def _failed_jobs(tmp_path, env, count: int) -> list[dict]:
+    """Jobs that fail validation (one bad line each): quick to make, nothing runs."""
+    src = _write(tmp_path, ["not json"])
+    jobs = [json.loads(batchinfer(env, "submit", src, "--json").stdout) for _ in range(count)]
+    assert all(job["status"] == "failed" for job in jobs)
+    return jobs
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The rows of a table the CLI printed, each cell's folded lines joined. Columns start where the
+    header names do (names are two spaces apart); a row starts on a line with a status."""
+    header, _rule, *lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    rows: list[list[str]] = []
+    for line in lines:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+        if cells[1]:
+            rows.append(cells)
+        else:
+            rows[-1] = [old + new for old, new in zip(rows[-1], cells)]
+    return rows
+
+
+def test_list_at_80_columns_shows_every_header_and_value(tmp_path, env):
+    jobs = _failed_jobs(tmp_path, env, 2)
+    result = batchinfer({**env, "COLUMNS": "80"}, "list")
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert result.stdout.split()[:7] == ["id", "status", "completed", "failed", "total", "created", "(UTC)"]
+    expected = [[j["id"], "failed", str(j["request_counts"]["completed"]), str(j["request_counts"]["failed"]),
+                 str(j["request_counts"]["total"]),
+                 datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")]
+                for j in reversed(jobs)]
+    assert _table_rows(result.stdout) == expected and expected[0][4] == "1"
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_exits_quietly(tmp_path, env):
+    job_id = _failed_jobs(tmp_path, env, 1)[0]["id"]
+    for args in (["list"], ["list", "--json"], ["status", job_id, "--json"], ["status", job_id]):
+        result = batchinfer_into_closed_pipe(env, *args)
+        assert (result.returncode, result.stderr) == (1, ""), args
 
 
 @pytest.mark.parametrize("command", COMMANDS)

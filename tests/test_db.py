@@ -58,3 +58,22 @@ def test_a_current_database_skips_alembic_and_a_behind_one_is_upgraded(tmp_path)
     assert not is_current(url)
     upgrade(url)
     assert is_current(url)
+
+
+def test_migration_heads_read_without_alembic_equal_alembics_heads():
+    from alembic.script import ScriptDirectory
+
+    from batchinfer.db.session import MIGRATIONS_DIR, migration_heads
+    assert migration_heads() == set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads()) != set()
+
+
+def test_run_start_up_on_a_current_database_never_imports_alembic(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    upgrade(url)
+    code = ("import sys; from batchinfer.db.session import upgrade; upgrade(sys.argv[1]); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))")
+    out = subprocess.run([sys.executable, "-c", code, url], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

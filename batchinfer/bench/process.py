@@ -65,7 +65,7 @@ def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
     """(wait status, peak VmHWM in KiB) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
-        peak = max(peak, _hwm_kib(proc.pid))
+        peak = max(peak, hwm_kib(proc.pid))
         pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -74,7 +74,7 @@ def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
     raise TimeoutError
 
 
-def _hwm_kib(pid: int) -> int:
+def hwm_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

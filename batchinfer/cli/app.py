@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from rich.progress import (
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError
+from batchinfer.errors import BatchInferError, one_line
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
@@ -40,9 +42,14 @@ def friendly_errors(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            try:
+                return command(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # a reader that went away (`| head`) shows here, not in a warning at exit
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:
+            out.on_broken_pipe()  # as rich does for its own output: stdout to /dev/null, exit 1, no message
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
@@ -78,8 +85,6 @@ def _force_dtype(dtype: str | None) -> None:
     """--dtype wins over BATCHINFER_DTYPE, for this process and the worker processes it starts."""
     if dtype is None:
         return
-    import os
-
     from batchinfer.settings import get_settings
 
     os.environ["BATCHINFER_DTYPE"] = dtype
@@ -193,11 +198,21 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
     if ctx.settings.embedded:
         _run_in_process(ctx, job, quiet=as_json)
     else:
-        from workers.tasks import trigger_dispatch
-
-        trigger_dispatch()
+        _dispatch_soon(job.id)
     job = service.get(ctx, job.id)
     print(json.dumps(batch_object(job)) if as_json else job.id)
+
+
+def _dispatch_soon(job_id: str) -> None:
+    from kombu.exceptions import OperationalError
+
+    from workers.tasks import trigger_dispatch
+
+    try:
+        trigger_dispatch()
+    except OperationalError as exc:  # the job is queued in the database: a worker's sweep dispatches it
+        raise BatchInferError(f"job {job_id} is queued, but the broker is unreachable ({one_line(exc)}); "
+                              "it is dispatched once the broker is back") from None
 
 
 def _submit_remote(client, file: Path, model, metadata, completion_window, skip_invalid, dry_run, as_json) -> None:
@@ -346,7 +361,6 @@ def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", hel
 def _write_atomically(path: Path, fetch) -> bool:
     """Write through a temporary file beside `path`, renamed at the end: an existing file is never
     truncated by a download that fails or finds nothing."""
-    import os
     import tempfile
 
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
@@ -479,12 +493,14 @@ def db_upgrade(revision: str = typer.Argument("head")):
 from batchinfer.bench.api import bench_api_command  # noqa: E402
 from batchinfer.bench.command import bench  # noqa: E402
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.load_command import bench_load_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
 app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
+app.command("bench-load")(bench_load_command)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from rich import box
 from rich.markup import escape
 from rich.table import Column, Table
 
@@ -16,8 +17,10 @@ TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "com
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
 
 
-def _when(value: int | None) -> str:
-    return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+def _when(value: int | None, zone: bool = True) -> str:
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S" + (" UTC" if zone else ""))
 
 
 def hit_rate(batch: dict) -> float:
@@ -55,11 +58,29 @@ def error_line(error: dict) -> str:
     return excerpt(f"{where}: {error['code']}{param}: {error['message']}")
 
 
+def _rows_table(*columns: Column, **options) -> Table:
+    """A table with headers that fits 80 columns (the default width of a terminal or a pipe): no
+    vertical rules, and a value too wide for its column folds onto the next line instead of being cut."""
+    return Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, **options)
+
+
+def _folding(header: str, **options) -> Column:
+    return Column(header, overflow="fold", **options)
+
+
+def _count(header: str) -> Column:
+    return Column(header, justify="right", no_wrap=True)
+
+
 def jobs_table(batches: list[dict]) -> Table:
-    table = Table(Column("id", no_wrap=True), "status", "completed", "failed", "total", Column("created", no_wrap=True))
+    """One row per job; at 80 columns the id folds over two lines (the zone sits in the header to keep
+    the date on one)."""
+    table = _rows_table(_folding("id", min_width=19), Column("status", no_wrap=True), _count("completed"),
+                        _count("failed"), _count("total"), Column("created (UTC)", min_width=10))
     for b in batches:
         c = b["request_counts"]
-        table.add_row(b["id"], b["status"], str(c["completed"]), str(c["failed"]), str(c["total"]), _when(b["created_at"]))
+        table.add_row(b["id"], b["status"], str(c["completed"]), str(c["failed"]), str(c["total"]),
+                      _when(b["created_at"], zone=False))
     return table
 
 
@@ -86,11 +107,14 @@ def known_workers(settings: Settings) -> list[WorkerState]:
 
 
 def groups_table(groups: list[GroupFigures]):
-    table = Table(Column("prefix group", no_wrap=True), "shared tokens", "requests", "units", "cached / prompt tokens", "hit rate", "workers",
-                  title="progress by prefix group")
-    for g in groups:
-        table.add_row(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
-                      f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-")
+    rows = [(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
+             f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-") for g in groups]
+    headers = ("shared tokens", "requests", "units", "cached / prompt tokens", "hit rate")
+    # A figure is never folded: its column is at least as wide as its widest value; headers wrap instead.
+    figures = [Column(h, min_width=max((len(row[i + 1]) for row in rows), default=0)) for i, h in enumerate(headers)]
+    table = _rows_table(_folding("prefix group"), *figures, _folding("workers"), title="progress by prefix group")
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -101,7 +125,7 @@ def groups_table_of(groups: list[dict]) -> Table:
 
 
 def keys_table(rows: list[dict]) -> Table:
-    table = Table("id", "name", Column("created", no_wrap=True), Column("revoked", no_wrap=True))
+    table = _rows_table(_folding("id"), _folding("name"), _folding("created"), _folding("revoked"))
     for row in rows:
         table.add_row(row["id"], escape(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
     return table

@@ -7,8 +7,15 @@ transformers' apply_chat_template + encode (tests/engine/test_light_loader.py ch
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+
+
+@lru_cache(maxsize=4)
+def light_tokenizer(folder: Path) -> "LightTokenizer":
+    """One tokenizer per model folder and process: validation and the engine share it (it is read-only)."""
+    return LightTokenizer(folder)
 
 
 class LightTokenizer:

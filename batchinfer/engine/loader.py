@@ -42,6 +42,7 @@ class LoadedModel:
     hf_model: CausalLM
     tokenizer: Tokenizer
     path: str
+    weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
 
     @property
     def config(self) -> Any:
@@ -96,14 +97,18 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     return target
 
 
-def load_model_light(model_path: str | None, cache_dir: str | Path) -> LoadedModel:
-    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model."""
-    from .light_loader import LightTokenizer, light_model
+def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
+    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py)."""
+    from .light_loader import light_model, light_tokenizer
+    from .weights import cached_engine_weights
 
     folder = resolve_model_dir(model_path, cache_dir)
     if not all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", "config.json")):
         return load_model(model_path, cache_dir)
-    return LoadedModel(hf_model=light_model(folder), tokenizer=LightTokenizer(folder), path=str(folder))
+    tree = light_model(folder)
+    weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
+    return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights)
 
 
 def transformers_tokenizer(folder: Path) -> Tokenizer:

@@ -39,11 +39,11 @@ def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
 
 class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
-                 max_model_len: int):
+                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len)
+        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

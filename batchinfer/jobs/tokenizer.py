@@ -27,9 +27,9 @@ class _LazyTokenizer:
     def __getattr__(self, name: str):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
-                from batchinfer.engine.light_loader import LightTokenizer
+                from batchinfer.engine.light_loader import light_tokenizer
 
-                self._tokenizer = LightTokenizer(self._folder)
+                self._tokenizer = light_tokenizer(self._folder)
             else:
                 from batchinfer.engine.loader import transformers_tokenizer
 
