@@ -22,7 +22,7 @@ from rich.progress import (
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError
+from batchinfer.errors import BatchInferError, one_line
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
@@ -198,11 +198,21 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
     if ctx.settings.embedded:
         _run_in_process(ctx, job, quiet=as_json)
     else:
-        from workers.tasks import trigger_dispatch
-
-        trigger_dispatch()
+        _dispatch_soon(job.id)
     job = service.get(ctx, job.id)
     print(json.dumps(batch_object(job)) if as_json else job.id)
+
+
+def _dispatch_soon(job_id: str) -> None:
+    from kombu.exceptions import OperationalError
+
+    from workers.tasks import trigger_dispatch
+
+    try:
+        trigger_dispatch()
+    except OperationalError as exc:  # the job is queued in the database: a worker's sweep dispatches it
+        raise BatchInferError(f"job {job_id} is queued, but the broker is unreachable ({one_line(exc)}); "
+                              "it is dispatched once the broker is back") from None
 
 
 def _submit_remote(client, file: Path, model, metadata, completion_window, skip_invalid, dry_run, as_json) -> None:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from faultlib import record_recovery, slow_lines, wait_for
+from faultlib import job_lines, record_recovery, slow_lines, wait_for
 
 
 @pytest.mark.parametrize("persist", [True, False], ids=["appendonly", "no-persistence"])
@@ -52,3 +52,28 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     assert "database: " in c.log_tail("w1", 10 ** 6), "the commit never had to retry"
     record_recovery("database down across a unit's commit", job.completed_at - fault_at,
                     database_down_s=round(back_at - fault_at, 2))
+
+
+def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is_back(fault_cluster, private_redis, tmp_path):
+    """`batchinfer submit` stores and queues the job, then cannot send the dispatch: it exits 1 with one line
+    naming the job, and once Redis is back the sweep dispatches it (no other submit needed)."""
+    from batchinfer.jobs import service
+
+    redis = private_redis()
+    c = fault_cluster(broker=redis.url)
+    c.start("w1")
+    lines = job_lines("rd", 4)
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    redis.kill()
+    done = c.cli("submit", str(path))
+    print("submit:", done.returncode, done.stdout, done.stderr)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    fault_at = time.time()
+    redis.start()
+    jobs = service.list_jobs(c.context())
+    assert len(jobs) == 1 and jobs[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
+    job = c.wait_final(jobs[0].id, timeout=90)  # nothing else is submitted: the sweep dispatches it
+    c.check(job, lines, "completed", expect_completed=4, stderr=[done.stderr])
+    record_recovery("submit while redis is down (redis back -> job final)", job.completed_at - fault_at)
