@@ -244,7 +244,8 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
 
     from batchinfer.jobs import keys, service
     from batchinfer.db.models import WorkUnit
-    from batchinfer.planner import PlannerConfig, estimate_plan
+    from batchinfer.planner import estimate_plan
+    from batchinfer.runtime.dispatch import planner_config
     from batchinfer.jobs.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
@@ -254,7 +255,7 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
             for raw in stream:
                 req = PreparedRequest.from_json(raw)
                 pending.append(req.to_pending(job.id))
-    optimum = estimate_plan(pending, PlannerConfig()).expected_cached_tokens
+    optimum = estimate_plan(pending, planner_config(ctx)).expected_cached_tokens
     with ctx.sessions() as session:
         units = list(session.scalars(select(WorkUnit)))
     groups: defaultdict[str, set[str | None]] = defaultdict(set)
