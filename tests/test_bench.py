@@ -22,6 +22,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model_dir(None, get_settings().model_cache))
 
 
+@pytest.mark.fast
 def test_flops_count_linear_layers_attention_and_lm_head():
     assert SMOLLM2.linear_params == 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     one_token = SMOLLM2.prefill_flops(1)
@@ -78,6 +79,7 @@ def test_three_documents_interleave_so_neighbours_never_share_the_document(token
     assert len(workload.chats) == 6 and build("single", tokenizer).max_tokens == 1
 
 
+@pytest.mark.fast
 def test_llamacpp_systems_skip_with_a_reason_when_the_binding_is_missing(monkeypatch):
     import sys
 
