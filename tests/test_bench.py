@@ -107,3 +107,16 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0} for s, w in
             (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
     assert "| 2.50x |" in markdown({"rows": rows})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouping_bench_gives_each_worker_exactly_the_kv_tokens_asked_for(model_cache, dtype):
+    from batchinfer.bench.grouping import kv_cache_bytes_for
+    from batchinfer.engine import LLMEngine
+    from batchinfer.runtime.engine_host import engine_config
+    from batchinfer.settings import Settings
+
+    settings = Settings(model_cache=model_cache, dtype=dtype, device="cpu")
+    settings = settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes_for(settings, 2048)})
+    engine = LLMEngine.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))
+    assert engine.block_manager.num_blocks * engine.config.block_size == 2048
