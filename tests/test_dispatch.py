@@ -1,3 +1,4 @@
+import pytest
 from sqlalchemy import select
 
 from batchinfer.jobs import service
@@ -7,6 +8,7 @@ from batchinfer.planner import PlannerConfig
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
 
+pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files
 SHARED = "Answer in one word, as a careful assistant who reads the whole question first. " * 4  # > 64 tokens
 
 
@@ -46,3 +48,13 @@ def test_cancelled_and_failed_jobs_are_not_planned(make_context):
     service.cancel(ctx, job.id)
     submit_lines(ctx, ["not json"])
     assert dispatch(ctx) == []
+
+
+def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
+    from batchinfer.engine import EngineConfig
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.engine_host import engine_config
+
+    ctx = make_context(kv_block_size=32)
+    assert planner_config(ctx).block_size == engine_config(ctx.settings).block_size == 32
+    assert planner_config(make_context()).block_size == EngineConfig().block_size
