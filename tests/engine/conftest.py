@@ -19,11 +19,6 @@ def model_cache_dir() -> str:
 
 
 @pytest.fixture(scope="session")
-def model_cache() -> str:
-    return model_cache_dir()
-
-
-@pytest.fixture(scope="session")
 def loaded_model() -> LoadedModel:
     return load_model(None, model_cache_dir())
 

@@ -232,6 +232,12 @@ class FaultCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
+    def cli(self, *args: str, timeout: float = 180):
+        """`batchinfer ARGS` as an operator runs it against this cluster (completed process, text output)."""
+        from cli_helpers import batchinfer
+
+        return batchinfer({**os.environ, "PYTHONUNBUFFERED": "1", **self.s3_env, **self.env}, *args, timeout=timeout)
+
     # services
     def context(self):
         if self._ctx is None:
