@@ -97,6 +97,9 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     grow = "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('{\"output_tokens\": 3}')"
     result = timed([sys.executable, "-c", grow], env=None, timeout_s=60)
     assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    busy = timed([sys.executable, "-c", spin], env=None, timeout_s=60)
+    assert 0.4 <= busy["cpu_s"] <= busy["wall_s"] + 0.05  # the child's own user + sys time, one thread
     workload = build("shared-prefix", tokenizer, requests=2, max_tokens=3, shared_tokens=80)
     request_file(workload, tmp_path / "r.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
