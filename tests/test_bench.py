@@ -108,3 +108,13 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0} for s, w in
             (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
     assert "| 2.50x |" in markdown({"rows": rows})
+
+
+def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
+    from batchinfer.bench.startup import run_start_up, summary
+
+    rows = run_start_up(tmp_path, repeat=1)
+    assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
+    assert rows[0]["cpu_s"] > 0.3 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
+    figures = summary(rows + [{"rc": 1, "wall_s": None}])
+    assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]
