@@ -1,3 +1,4 @@
+import pytest
 from sqlalchemy import create_engine, inspect
 
 from batchinfer.db.models import Base, Job
@@ -30,6 +31,7 @@ def test_migrations_match_the_models(postgres_url):
     assert diff == []
 
 
+@pytest.mark.fast
 def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
     url = f"sqlite:///{tmp_path}/sub/db.sqlite"
     upgrade(url)
@@ -43,6 +45,7 @@ def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
     assert job.metadata_ == {} and job.completed == 0 and job.errors == []
 
 
+@pytest.mark.fast
 def test_a_current_database_skips_alembic_and_a_behind_one_is_upgraded(tmp_path):
     from alembic import command
 

@@ -1,3 +1,4 @@
+import pytest
 from sqlalchemy import select
 
 from batchinfer.jobs import service
@@ -7,6 +8,7 @@ from batchinfer.planner import PlannerConfig
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
 
+pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files
 SHARED = "Answer in one word, as a careful assistant who reads the whole question first. " * 4  # > 64 tokens
 
 

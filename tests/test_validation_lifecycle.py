@@ -2,11 +2,14 @@
 step for jobs left `validating`."""
 import io
 
+import pytest
 from sqlalchemy import func, select
 
 from batchinfer.db.models import Job, Request
 from batchinfer.jobs import lifecycle, service
 from jobfiles import chat_line
+
+pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files
 
 
 def _input(n: int) -> io.BytesIO:

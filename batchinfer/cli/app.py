@@ -22,7 +22,7 @@ from rich.progress import (
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError, one_line
+from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
@@ -57,7 +57,7 @@ def friendly_errors(command):
             err.print("interrupted")
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
-            err.print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], markup=False, highlight=False)
+            err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)
             raise typer.Exit(1) from None
     return wrapper
 
@@ -108,7 +108,7 @@ def _parse_metadata(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise BatchInferError(f"--metadata takes key=value, got {pair!r}")
+            raise BatchInferError(f"--metadata takes key=value, got {shown(pair)}")
         metadata[key] = value
     return metadata
 
@@ -447,8 +447,8 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
         print(secret)
         if key.webhook_secret:
             print(key.webhook_secret)
-        shown = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
-        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {shown} are shown only now",
+        printed = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
+        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {printed} are shown only now",
                   markup=False, highlight=False)
 
 

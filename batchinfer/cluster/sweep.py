@@ -20,6 +20,7 @@ from sqlalchemy import exists, select, update
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
+from batchinfer.errors import one_line
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.jobs import lifecycle
 
@@ -142,8 +143,11 @@ def _undispatched(ctx: AppContext, now: float) -> bool:
 def _rerun(ctx: AppContext, hooks: SweepHooks, unit_id: str, attempts: int, cause: str, done: Sweep,
            expect: str) -> None:
     if attempts >= ctx.settings.unit_max_attempts:
-        if hooks.fail(unit_id, cause):
-            done.failed.append(unit_id)
+        try:
+            if hooks.fail(unit_id, cause):
+                done.failed.append(unit_id)
+        except Exception as exc:  # storage still down (its error lines go there): the next sweep tries again
+            log.warning("unit %s: could not fail it yet: %s", unit_id, one_line(exc))
         return
     now = time.time()
 

@@ -31,10 +31,14 @@ class BatchInputs:
     sample_seqs: list[Sequence]
 
 
-def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
+def kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
+    """KV cache bytes of one token: K and V in every layer and KV head, in the engine's dtype."""
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
-    return per_token * config.block_size * config.torch_dtype.itemsize
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * config.torch_dtype.itemsize
+
+
+def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
+    return kv_bytes_per_token(hf_config, config) * config.block_size
 
 
 class ModelRunner:

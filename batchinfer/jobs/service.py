@@ -13,7 +13,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt, shown
 from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
@@ -42,7 +42,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     settings = ctx.settings
     model = model or settings.model_id
     if model != settings.model_id:
-        raise InvalidRequest(f"model_not_found: model {model!r} is not served here (use {settings.model_id!r})")
+        raise InvalidRequest(f"model_not_found: model {shown(model)} is not served here (use {settings.model_id!r})")
     window = parse_duration(completion_window or settings.completion_window)
     if (metadata or {}).get(webhook_events.METADATA_KEY):
         webhook_events.check_url(metadata[webhook_events.METADATA_KEY])
