@@ -501,11 +501,13 @@ from batchinfer.bench.command import bench  # noqa: E402
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
 from batchinfer.bench.load_command import bench_load_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
+from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
 app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
+app.command("bench-startup")(bench_startup_command)
 app.command("bench-load")(bench_load_command)
 
 
