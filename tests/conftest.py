@@ -1,6 +1,11 @@
-"""Shared fixtures: real PostgreSQL, Redis, a SeaweedFS S3 server, and the model cache.
+"""Shared fixtures: real PostgreSQL, Redis, a SeaweedFS S3 server, the model cache, and a tiny tokenizer.
 
 Each test session gets its own database, S3 bucket and Redis key prefix, so parallel runs never meet.
+
+The fast tier (`make test-fast`, `-m fast`): a test marked `fast` needs neither the model nor a service.
+A fast test that asks for a service or the model fails (tests/fast_tier.py).
+Job-system tests that need only a tokenizer take `tiny_tokenizer`, or `make_context`/`make_settings`, whose
+settings name the tiny model in a fast test (tests/tiny_model.py: a real tokenizer, no weights).
 """
 from __future__ import annotations
 
@@ -12,9 +17,28 @@ from pathlib import Path
 import pytest
 
 from batchinfer.bench.services import SeaweedS3, port_open
+from fast_tier import FastTierGuard
+from tiny_model import build_tiny_model
 
 PG_ADMIN_URL = os.environ.get("BATCHINFER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(FastTierGuard(), "fast-tier-guard")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A model folder with a real (tiny, trained here) tokenizer and no weights: validation and planning only."""
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-model")))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model):
+    from batchinfer.engine.light_loader import LightTokenizer
+
+    return LightTokenizer(Path(tiny_model))
 
 
 def model_cache_dir() -> str:
@@ -109,12 +133,17 @@ def s3_url(s3_bucket):
 
 
 @pytest.fixture
-def make_settings(tmp_path, model_cache):
-    """Settings for an embedded (SQLite + local files) setup, overridable per test."""
+def make_settings(request, tmp_path, model_cache):
+    """Settings for an embedded (SQLite + local files) setup, overridable per test. A fast test's settings
+    name the tiny model (submission validates with its tokenizer; there are no weights to load) and stay
+    embedded whatever BATCHINFER_* says."""
     from batchinfer.settings import Settings
 
+    fast = {"model": request.getfixturevalue("tiny_model"), "database_url": None, "storage_url": None,
+            "broker_url": None} if request.node.get_closest_marker("fast") else {}
+
     def make(**overrides):
-        values = {"data_dir": tmp_path / "data", "model_cache": model_cache, **overrides}
+        values = {"data_dir": tmp_path / "data", "model_cache": model_cache, **fast, **overrides}
         return Settings(**values)
 
     return make

@@ -10,6 +10,8 @@ import pytest
 
 from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan, plan_units, prefix_key
 
+pytestmark = pytest.mark.fast
+
 BS = 16
 
 

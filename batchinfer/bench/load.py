@@ -69,9 +69,9 @@ def _measure(options: LoadOptions, cluster: LoadCluster, names: list[str], files
     for name in names:
         memory.watch(f"worker:{name}", cluster.workers[name].pid)
     status = StatusProbe(cluster.ctx, options.jobs, options.status_every_s)
-    probes = [memory, status]
-    if options.cli_status_every_s > 0:
-        probes.append(CliStatusProbe(cluster.env, lambda: status.job_ids, options.cli_status_every_s))
+    cli_probe = (CliStatusProbe(cluster.env, lambda: status.job_ids, options.cli_status_every_s)
+                 if options.cli_status_every_s > 0 else None)
+    probes = [memory, status, *([cli_probe] if cli_probe else [])]
     for probe in probes:
         probe.start()
     progress(f"submitting {options.jobs} jobs x {options.requests} requests at once")
@@ -99,7 +99,7 @@ def _measure(options: LoadOptions, cluster: LoadCluster, names: list[str], files
         "peak_rss": {"worker": memory.peak_mib("worker:"), "submit": memory.peak_mib("submit:")},
         "status": {**latency_summary(status.status_s), "target_ms": STATUS_TARGET_MS, "errors": status.errors[:5]},
         "list": latency_summary(status.list_s),
-        "status_cli_wall": {**latency_summary(probes[2].wall_s), "errors": probes[2].errors[:5]} if len(probes) > 2 else None,
+        "status_cli_wall": {**latency_summary(cli_probe.wall_s), "errors": cli_probe.errors[:5]} if cli_probe else None,
         "checks": checks,
     }
 

@@ -47,7 +47,8 @@ def check_jobs(ctx, files: list[str], requests: int) -> tuple[dict, dict[str, li
         by_file[job.input_filename].append(job)
     problems: list[str] = []
     outputs: dict[str, list[dict]] = {}
-    totals, lines = Counter(), Counter()
+    totals: Counter[str] = Counter()
+    lines: Counter[str] = Counter()
     for number, name in enumerate(files):
         found = by_file.get(name, [])
         if len(found) != 1:
@@ -94,7 +95,7 @@ def time_split(ctx, outputs: dict[str, list[dict]], workers: int, wall_s: float,
         units = list(session.execute(select(WorkUnit.id, WorkUnit.started_at, WorkUnit.finished_at, WorkUnit.attempts)
                                      .where(WorkUnit.status == UnitStatus.DONE)))
     engine: dict[str, float] = defaultdict(float)
-    usage = Counter()
+    usage: Counter[str] = Counter()
     for job_id, lines in outputs.items():
         for line in lines:
             unit = unit_of.get((job_id, line["custom_id"]))

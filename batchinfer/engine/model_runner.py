@@ -31,19 +31,23 @@ class BatchInputs:
     sample_seqs: list[Sequence]
 
 
-def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
+def kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
+    """KV cache bytes of one token: K and V in every layer and KV head, in the engine's dtype."""
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
-    return per_token * config.block_size * config.torch_dtype.itemsize
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * config.torch_dtype.itemsize
+
+
+def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
+    return kv_bytes_per_token(hf_config, config) * config.block_size
 
 
 class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
-                 max_model_len: int):
+                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len)
+        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

@@ -4,12 +4,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from batchinfer.engine.loader import Tokenizer
 from batchinfer.settings import Settings
-
-if TYPE_CHECKING:
-    from batchinfer.engine.loader import Tokenizer
 
 # Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
 _loaded: dict[tuple, tuple] = {}
@@ -30,9 +27,9 @@ class _LazyTokenizer:
     def __getattr__(self, name: str):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
-                from batchinfer.engine.light_loader import LightTokenizer
+                from batchinfer.engine.light_loader import light_tokenizer
 
-                self._tokenizer = LightTokenizer(self._folder)
+                self._tokenizer = light_tokenizer(self._folder)
             else:
                 from batchinfer.engine.loader import transformers_tokenizer
 

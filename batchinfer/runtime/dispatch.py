@@ -22,6 +22,7 @@ from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_priorities
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
+from batchinfer.runtime.engine_host import engine_config
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class DispatchedUnit:
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
+    """The planner's settings; its block size is the engine's, so groups and cache hits fall on KV blocks."""
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
-                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping)
+                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping,
+                         block_size=engine_config(ctx.settings).block_size)
 
 
 UNITS_PER_COMMIT = 16
