@@ -152,3 +152,51 @@ def test_every_command_has_help(command):
 
     result = CliRunner().invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
+
+
+def _longest_run(text: str, char: str) -> int:
+    return max((len(run) for run in re.findall(f"{re.escape(char)}+", text)), default=0)
+
+
+def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(tmp_path, model_cache, postgres_url):
+    env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url)
+    src = _write(tmp_path, [
+        completion_line("good-1", "The sky is"), completion_line("i" * 600, "hi"), completion_line("nul\x00id", "hi"),
+        completion_line("seed", "hi", seed=2**64), completion_line("huge", "hi", temperature="x" * 500_000),
+        completion_line("good-2", "Two plus two is")])
+    rejected = batchinfer(env, "submit", src)
+    assert rejected.returncode == 2 and "Traceback" not in rejected.stderr
+    for expected in ["line 2: invalid_field (custom_id)", "line 3: invalid_field (custom_id)",
+                     "line 4: invalid_field (body.seed)", "line 5: invalid_field (body.temperature)"]:
+        assert expected in rejected.stderr
+    assert _longest_run(rejected.stderr, "x") <= 200 and _longest_run(rejected.stderr, "i") <= 200
+    result = batchinfer(env, "submit", src, "--skip-invalid", "--json")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["status"] == "completed" and job["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+    status = batchinfer(env, "status", job["id"], "--json").stdout
+    assert json.loads(status)["errors"]["count"] == 4 and _longest_run(status, "x") <= 200
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good-1", "good-2"]
+    errors = [json.loads(line) for line in errs.read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["line"], e["error"]["param"]) for e in errors] == [
+        (None, 2, "custom_id"), (None, 3, "custom_id"), ("seed", 4, "body.seed"), ("huge", 5, "body.temperature")]
+    assert _longest_run(errs.read_text(), "x") <= 200 and _longest_run(errs.read_text(), "i") <= 200
+
+
+def test_download_errors_of_a_job_that_failed_validation_writes_its_error_file(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "hi"), "{nope", completion_line("good", "again")])
+    failed = batchinfer(env, "submit", src, "--json")
+    assert failed.returncode == 2
+    job_id = json.loads(failed.stdout)["id"]
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    result = batchinfer(env, "download", job_id, "-o", str(out), "--errors", str(errs))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: job {job_id} has no output file; wrote its error file to {errs}"
+    lines = [json.loads(line) for line in errs.read_text().splitlines()]
+    assert [(e["error"]["line"], e["error"]["code"], e["custom_id"]) for e in lines] == [
+        (2, "invalid_json_line", None), (3, "duplicate_custom_id", "good")]
+    assert not out.exists()  # nothing ran: no results file, rather than an empty one that looks like success
+    status = json.loads(batchinfer(env, "status", job_id, "--json").stdout)
+    assert status["error_file_id"] is not None and status["output_file_id"] is None

@@ -124,3 +124,52 @@ def test_bad_chat_fields_name_the_param(tiny_tokenizer, body, param):
 
 def test_every_code_is_documented():
     assert len(set(CODES)) == len(CODES) == 13
+
+
+def _line(custom_id="a", **body) -> bytes:
+    body = {"messages": [{"role": "user", "content": "x"}], **body}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}).encode()
+
+
+@pytest.mark.parametrize("custom_id", ["i" * 513, "a\x00b", "a\ud800b"])  # over the column, NUL, a lone surrogate
+def test_a_custom_id_the_database_cannot_hold_is_an_invalid_field(tiny_tokenizer, custom_id):
+    data = b"\n".join([_line("ok-1"), _line(custom_id), _line("i" * 512)])
+    report, valid, invalid = _validate(tiny_tokenizer, data)
+    assert _codes(report) == [(2, "invalid_field", "custom_id")] and [v.line for v in valid] == [1, 3]
+    assert invalid[0].custom_id is None and len(report.errors[0].message) < 400  # the bad id is not echoed whole
+
+
+@pytest.mark.parametrize("seed,ok", [(2**63 - 1, True), (-2**63, True), (2**63, False), (-2**63 - 1, False),
+                                     (2**64, False)])
+def test_a_seed_must_fit_in_signed_64_bits(tiny_tokenizer, seed, ok):
+    report, valid, _ = _validate(tiny_tokenizer, _line(seed=seed))
+    if ok:
+        assert report.ok and valid[0].sampling.seed == seed
+    else:
+        assert _codes(report) == [(1, "invalid_field", "body.seed")] and valid == []
+
+
+def test_a_prompt_with_a_lone_surrogate_is_an_invalid_field_not_a_crash(tiny_tokenizer):
+    chat = _line(messages=[{"role": "user", "content": "a\ud800"}])
+    completion = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",
+                             "body": {"prompt": "\ud800"}}).encode()
+    report, _, _ = _validate(tiny_tokenizer, chat + b"\n" + completion)
+    assert _codes(report) == [(1, "invalid_field", "body.messages[0].content"), (2, "invalid_field", "body.prompt")]
+
+
+def test_json_past_the_parser_limits_is_an_invalid_json_line(tiny_tokenizer):
+    too_deep, too_many_digits = b"[" * 100_000, b'{"custom_id": ' + b"7" * 5000 + b"}"
+    report, _, _ = _validate(tiny_tokenizer, too_deep + b"\n" + too_many_digits)
+    assert _codes(report) == [(1, "invalid_json_line", None), (2, "invalid_json_line", None)]
+
+
+@pytest.mark.parametrize("field", ["custom_id", "method", "url", "body.model", "body.temperature", "body.seed",
+                                   "body.messages"])
+def test_a_huge_bad_value_is_echoed_as_a_short_excerpt(tiny_tokenizer, field):
+    huge = "x" * 500_000
+    obj = json.loads(_line())
+    parent, _, name = field.rpartition(".")
+    (obj["body"] if parent else obj)[name] = huge
+    report, _, invalid = _validate(tiny_tokenizer, json.dumps(obj).encode())
+    assert report.errors[0].param == field and 0 < report.errors[0].message.count("x") <= 200
+    assert invalid[0].custom_id in (None, "a")

@@ -20,8 +20,8 @@ def engine_config(settings: Settings):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    block = {"block_size": settings.kv_block_size} if settings.kv_block_size else {}
-    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype, **block)
+    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
+                        block_size=settings.kv_block_size or EngineConfig.block_size)
 
 
 def get_generator(settings: Settings):
