@@ -70,6 +70,13 @@ def recover_validating(ctx: AppContext, now: float) -> list[str]:
     return recovered
 
 
+def validation_lost(ctx: AppContext, job_id: str) -> None:
+    """The message that would validate this job could not be sent (the broker is down): the next sweep
+    validates it, rather than after validation_stale_s."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(validation_heartbeat_at=0.0)))
+
+
 def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
     """A `validating` job that can never run fails with `message` (bounded) as its one error."""
     message = excerpt(message)

@@ -225,6 +225,23 @@ class FaultCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
+    def serve(self, timeout: float = 120) -> dict:
+        """`batchinfer serve` on a free port with an API key: the env a CLI needs to submit through it."""
+        import httpx
+
+        made = self.cli("keys", "create", "--name", "faults", "--json")
+        assert made.returncode == 0, made.stderr
+        port = free_port()
+        path = self.tmp_path / f"api-{len(self.logs)}.log"
+        self.logs.append(path)
+        self.procs["api"] = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "serve", "--port", str(port)],
+                                             env={**os.environ, **self.s3_env, **self.env}, stdout=open(path, "wb"),
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: self.procs["api"].poll() is None and httpx.get(f"{url}/health").status_code == 200,
+                 timeout, f"the API server:\n{path.read_text(errors='replace')[-2000:]}")
+        return {"BATCHINFER_API_URL": url, "BATCHINFER_API_KEY": json.loads(made.stdout)["key"]}
+
     def cli(self, *args: str, timeout: float = 180):
         """`batchinfer ARGS` as an operator runs it against this cluster (completed process, text output)."""
         from cli_helpers import batchinfer
