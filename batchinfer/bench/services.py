@@ -81,14 +81,18 @@ class SeaweedS3:
             {"accessKey": S3_KEY, "secretKey": S3_SECRET}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         master, volume, filer, s3 = (free_port_pair() for _ in range(4))
         self.log_path = root / "weed.log"
-        self.proc = subprocess.Popen(
-            [weed, "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={master}",
-             f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
-             f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=32",
-             "-master.volumeSizeLimitMB=64"],
-            stdout=open(self.log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.args = [weed, "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={master}",
+                     f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
+                     f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=32",
+                     "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s"]
         self.env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3}", "AWS_ACCESS_KEY_ID": S3_KEY,
                     "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
+        self.start(timeout)
+
+    def start(self, timeout: float = 90) -> None:
+        """Start the server (again: same ports and directory, so what it stored is still there)."""
+        self.proc = subprocess.Popen(self.args, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         try:
             _wait(lambda: self._client().list_buckets() is not None, self.proc, self.log_path, "S3 server", timeout)
         except Exception:
@@ -120,6 +124,12 @@ class SeaweedS3:
 
     def stop(self) -> None:
         stop(self.proc, grace_s=3)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: connections are refused until start()."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
 
 
 class RedisServer:
