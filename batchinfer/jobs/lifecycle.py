@@ -71,6 +71,13 @@ def recover_validating(ctx: AppContext, now: float, revalidate: Callable[[str], 
     return recovered
 
 
+def validation_lost(ctx: AppContext, job_id: str) -> None:
+    """The message that would validate this job could not be sent (the broker is down): the next sweep
+    validates it, rather than after validation_stale_s."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(validation_heartbeat_at=0.0)))
+
+
 def _renew_validation_lease(ctx: AppContext, job_id: str, stale: float, now: float) -> bool:
     """True for the one sweep that takes the job over (two overlapping sweeps hand it on once)."""
     last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)

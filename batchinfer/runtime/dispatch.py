@@ -23,7 +23,6 @@ from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
-from batchinfer.runtime.engine_host import engine_config
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,11 @@ class DispatchedUnit:
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
-    """The planner's settings; its block size is the engine's, so groups and cache hits fall on KV blocks."""
+    """The planner's settings; its block size is the one the workers' engines run with (engine_host.engine_config),
+    so groups and expected cache hits fall on KV blocks. Read from the settings: no engine (torch) import here."""
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
                          max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping,
-                         block_size=engine_config(ctx.settings).block_size)
+                         block_size=ctx.settings.kv_block_size)
 
 
 UNITS_PER_COMMIT = 16
