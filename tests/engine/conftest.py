@@ -87,6 +87,6 @@ def hf_reference(loaded_model, prompt_token_ids) -> list[Reference]:
             x = torch.tensor([ids])
             out = loaded_model.hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW_TOKENS,
                                                  do_sample=False, output_logits=True, return_dict_in_generate=True)
-            gaps = [float(t[0] - t[1]) for t in (torch.topk(l[0].float(), 2).values for l in out.logits)]
+            gaps = [float(t[0] - t[1]) for t in (torch.topk(step[0].float(), 2).values for step in out.logits)]
             refs.append(Reference(out.sequences[0, len(ids):].tolist(), gaps))
     return refs
