@@ -54,8 +54,8 @@ def friendly_errors(command):
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
+        except KeyboardInterrupt as exc:
+            err.print(f"interrupted: {exc}" if str(exc) else "interrupted", markup=False, highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
             err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)

@@ -30,7 +30,11 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
     job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
                      completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
-    return validate_job(ctx, job.id)
+    try:
+        return validate_job(ctx, job.id)
+    except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
+        cancel(ctx, job.id)
+        raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
 
 
 def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",

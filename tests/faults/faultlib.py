@@ -232,6 +232,19 @@ class FaultCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
+    def serve(self, timeout: float = 120) -> dict:
+        """`batchinfer serve` on a free port with an API key: the env a CLI needs to submit through it."""
+        import httpx
+
+        made = self.cli("keys", "create", "--name", "faults", "--json")
+        assert made.returncode == 0, made.stderr
+        port = free_port()
+        self.procs["api"] = self.start_cli("api", "serve", "--port", str(port))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: self.procs["api"].poll() is None and httpx.get(f"{url}/health").status_code == 200,
+                 timeout, f"the API server:\n{self.log_tail('api')}")
+        return {"BATCHINFER_API_URL": url, "BATCHINFER_API_KEY": json.loads(made.stdout)["key"]}
+
     def cli(self, *args: str, timeout: float = 180):
         """`batchinfer ARGS` as an operator runs it against this cluster (completed process, text output)."""
         from cli_helpers import batchinfer

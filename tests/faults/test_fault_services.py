@@ -3,6 +3,8 @@ during a unit and during submit, and a submit while Redis is down. Each case run
 (never the shared ones) and measures its recovery time: from the fault to the job's final state."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import pytest
@@ -55,28 +57,41 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
 
 
 def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is_back(fault_cluster, private_redis, tmp_path):
-    """`batchinfer submit` stores and queues the job, then cannot send the dispatch: it exits 1 with one line
-    naming the job, and once Redis is back the sweep dispatches it (no other submit needed)."""
+    """Direct: `batchinfer submit` stores and queues the job, then cannot send the dispatch: it exits 1 with
+    one line naming the job. Through the API: the batch is created and waits in `validating`. Once Redis is
+    back the sweep validates and dispatches both (no other submit needed; not after validation_stale_s)."""
+    import subprocess
+
     from batchinfer.jobs import service
 
     redis = private_redis()
     c = fault_cluster(broker=redis.url)
     c.start("w1")
-    lines = job_lines("rd", 4)
-    path = tmp_path / "input.jsonl"
+    api_env = c.serve()
+    lines, api_lines = job_lines("rd", 4), job_lines("ra", 4)
+    path, api_path = tmp_path / "input.jsonl", tmp_path / "api.jsonl"
     path.write_text("\n".join(lines) + "\n")
+    api_path.write_text("\n".join(api_lines) + "\n")
     redis.kill()
+    through_api = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)],
+                                   env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
     done = c.cli("submit", str(path))
     print("submit:", done.returncode, done.stdout, done.stderr)
     assert done.returncode != 0
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    wait_for(lambda: len(service.list_jobs(c.context())) == 2, 60, "the batch through the API")
     fault_at = time.time()
     redis.start()
-    jobs = service.list_jobs(c.context())
-    assert len(jobs) == 1 and jobs[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
-    job = c.wait_final(jobs[0].id, timeout=90)  # nothing else is submitted: the sweep dispatches it
-    c.check(job, lines, "completed", expect_completed=4, stderr=[done.stderr])
-    record_recovery("submit while redis is down (redis back -> job final)", job.completed_at - fault_at)
+    api_out, api_err = through_api.communicate(timeout=120)
+    assert through_api.returncode == 0 and api_out.startswith("batch_"), (api_out, api_err)
+    direct = [j for j in service.list_jobs(c.context()) if j.id != api_out.strip()]
+    assert len(direct) == 1 and direct[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
+    for job_id, job_input in ((direct[0].id, lines), (api_out.strip(), api_lines)):
+        job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
+        c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err])
+        record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
+                        "(redis back -> job final)", job.completed_at - fault_at)
 
 
 def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluster, private_s3):

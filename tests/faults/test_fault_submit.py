@@ -1,6 +1,6 @@
 """Submit-side faults through real `batchinfer submit` processes (PostgreSQL, SeaweedFS S3, Redis, real
-workers): a submit SIGKILLed mid-validation, a cancel while the submit still validates, and twenty
-concurrent submits on two workers, ten of them of the same file."""
+workers): a submit SIGKILLed or interrupted mid-validation, a cancel while the submit still validates, and
+twenty concurrent submits on two workers, ten of them of the same file."""
 from __future__ import annotations
 
 import os
@@ -67,6 +67,22 @@ def test_cancel_during_validation_wins_and_nothing_of_the_job_runs(fault_cluster
     assert outputs == [] and errors == [] and (job.completed, job.failed, job.total) == (0, 0, 0)
     c.assert_no_traceback()
     record_recovery("cancel during validation (50,000 lines): cancel to submit exit", stopped_at - cancelled_at)
+
+
+def test_a_submit_interrupted_mid_validation_cancels_its_job_at_once(fault_cluster, tmp_path):
+    c = fault_cluster()
+    c.context()  # no worker: the job must end by the submit's own hand, not wait for a sweep
+    submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", job_lines("i", LARGEST, max_tokens=1))))
+    job_id = c.wait_validation_underway()
+    interrupted_at = time.time()
+    os.killpg(submit.pid, signal.SIGINT)  # Ctrl-C
+    assert submit.wait(60) == 130, c.output("submit")
+    ended_at = time.time()
+    assert f"interrupted: job {job_id} cancelled before its validation ended" in c.output("submit")
+    job = c.job(job_id)
+    assert job.status == "cancelled" and job.queued_at is None and c.request_rows(job_id) == 0, job.status
+    c.assert_no_traceback()
+    record_recovery("submit interrupted (Ctrl-C) mid-validation: job cancelled", ended_at - interrupted_at)
 
 
 def test_twenty_concurrent_submits_on_two_workers_all_complete_without_deadlock(fault_cluster, tmp_path):
