@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 export BATCHINFER_MODEL_CACHE ?= $(HOME)/.cache/batchinfer/models
 PYTEST_ARGS ?=
 
-.PHONY: install demo model test llamacpp
+.PHONY: install demo model test test-fast llamacpp
 
 install:
 	$(PIP) install -q torch==2.13.0
@@ -26,3 +26,7 @@ demo: install model
 
 test: install model
 	$(PYTHON) -m pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+
+# The fast tier: no model, no PostgreSQL/Redis/S3, under a minute (tests marked `fast`; no install step).
+test-fast:
+	$(PYTHON) -m pytest -q -p no:cacheprovider -m fast --durations=5 $(PYTEST_ARGS)

@@ -1,10 +1,22 @@
 """Errors the service raises for people: the CLI prints them as one line and exits non-zero."""
 
-EXCERPT_CHARS = 300  # how much of a user's value or a cause any error message echoes
+EXCERPT_CHARS = 300  # how much of a cause (or a whole message) any error echoes
+VALUE_CHARS = 200  # how much of one bad value from a user a message echoes
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def shown(value) -> str:
+    """A user's value as an error message echoes it: its repr (so NUL, newlines and markup stay inert), cut short."""
+    return excerpt(repr(value), VALUE_CHARS)
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, bounded: how a retried fault is logged (no traceback)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {excerpt(lines[0], 200) if lines else ''}"
 
 
 class BatchInferError(Exception):

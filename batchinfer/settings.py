@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
+    kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
     max_requests_per_file: int = 50_000
@@ -75,7 +76,7 @@ class Settings(BaseSettings):
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
-                     "max_active_batches_per_owner")
+                     "max_active_batches_per_owner", "kv_block_size")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:

@@ -11,8 +11,7 @@ Without the model on the device: --pack-model DIR here, then --random-weights DI
    SDPA), both through the AttentionBackend interface;
 3. end to end (bf16): LLMEngine with attention_backend="triton", then "torch", on a generated
    shared-prefix workload (random token ids, ignore_eos, so every run emits the same token count),
-   tokens/s; then `batchinfer bench --system engine --workload shared-prefix` on cuda in bf16
-   (as `python -m batchinfer.bench` while the CLI lacks the subcommand).
+   tokens/s; then `batchinfer bench --system engine --workload shared-prefix` on cuda in bf16.
 
 Every section records its results, or its error, in the JSON written to --out. The exit status is 1
 when a correctness check failed, 2 when CUDA is absent (nothing runs then).
@@ -242,11 +241,8 @@ def _random_weights_model(folder: str):
 
 
 def bench_command() -> list[str]:
-    """`batchinfer bench` when the CLI has it, else the same command as `python -m batchinfer.bench`."""
-    exe = shutil.which("batchinfer")
-    if exe and subprocess.run([exe, "bench", "--help"], capture_output=True).returncode == 0:
-        return [exe, "bench"]
-    return [sys.executable, "-m", "batchinfer.bench"]
+    """`batchinfer bench`, through this interpreter: a device machine may have no `batchinfer` script on PATH."""
+    return [sys.executable, "-m", "batchinfer.cli", "bench"]
 
 
 def bench_cli_args(args: argparse.Namespace, out_dir: str) -> list[str]:

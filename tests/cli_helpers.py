@@ -17,3 +17,15 @@ def cli_env(tmp_path, model_cache: str, **extra: str) -> dict:
 def batchinfer(env: dict, *args: str, timeout: float = 300, input_text: str | None = None):
     return subprocess.run([sys.executable, "-m", "batchinfer.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, input=input_text)
+
+
+def batchinfer_into_closed_pipe(env: dict, *args: str, timeout: float = 300):
+    """`batchinfer ARGS | head` where head has already gone: stdout is a pipe whose reader is closed,
+    so the first write fails (deterministically, unlike racing a real head)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "batchinfer.cli", *args], env=env, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=timeout)
+    finally:
+        os.close(write_end)

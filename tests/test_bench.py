@@ -22,6 +22,7 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model_dir(None, get_settings().model_cache))
 
 
+@pytest.mark.fast
 def test_flops_count_linear_layers_attention_and_lm_head():
     assert SMOLLM2.linear_params == 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536)
     one_token = SMOLLM2.prefill_flops(1)
@@ -78,6 +79,7 @@ def test_three_documents_interleave_so_neighbours_never_share_the_document(token
     assert len(workload.chats) == 6 and build("single", tokenizer).max_tokens == 1
 
 
+@pytest.mark.fast
 def test_llamacpp_systems_skip_with_a_reason_when_the_binding_is_missing(monkeypatch):
     import sys
 
@@ -97,6 +99,9 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     grow = "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('{\"output_tokens\": 3}')"
     result = timed([sys.executable, "-c", grow], env=None, timeout_s=60)
     assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    busy = timed([sys.executable, "-c", spin], env=None, timeout_s=60)
+    assert 0.4 <= busy["cpu_s"] <= busy["wall_s"] + 0.05  # the child's own user + sys time, one thread
     workload = build("shared-prefix", tokenizer, requests=2, max_tokens=3, shared_tokens=80)
     request_file(workload, tmp_path / "r.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
@@ -105,3 +110,26 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0} for s, w in
             (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
     assert "| 2.50x |" in markdown({"rows": rows})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouping_bench_gives_each_worker_exactly_the_kv_tokens_asked_for(model_cache, dtype):
+    from batchinfer.bench.grouping import kv_cache_bytes_for
+    from batchinfer.engine import LLMEngine
+    from batchinfer.runtime.engine_host import engine_config
+    from batchinfer.settings import Settings
+
+    settings = Settings(model_cache=model_cache, dtype=dtype, device="cpu")
+    settings = settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes_for(settings, 2048)})
+    engine = LLMEngine.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))
+    assert engine.block_manager.num_blocks * engine.config.block_size == 2048
+
+
+def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
+    from batchinfer.bench.startup import run_start_up, summary
+
+    rows = run_start_up(tmp_path, repeat=1)
+    assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
+    assert rows[0]["cpu_s"] > 0.3 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
+    figures = summary(rows + [{"rc": 1, "wall_s": None}])
+    assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]

@@ -1,8 +1,10 @@
 import json
+import re
+from datetime import datetime, timezone
 
 import pytest
 
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, batchinfer_into_closed_pipe, cli_env
 from jobfiles import chat_line, completion_line
 
 COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade"]
@@ -79,8 +81,9 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
     assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
-    assert json.loads(errs.read_text())["error"] == {"code": "invalid_json_line", "line": 2, "param": None,
-                                                     "message": json.loads(errs.read_text())["error"]["message"]}
+    error = json.loads(errs.read_text())["error"]
+    assert {k: error[k] for k in ("code", "line", "param")} == {"code": "invalid_json_line", "line": 2, "param": None}
+    assert error["message"] == "the line is not valid JSON: Expecting value at column 1"  # "not json"
     cancel = batchinfer(env, "cancel", job["id"])
     assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
 
@@ -98,6 +101,49 @@ def test_errors_are_one_line_with_distinct_exit_codes(tmp_path, env):
     assert bad_meta.returncode == 1 and "key=value" in bad_meta.stderr
 
 
+def _failed_jobs(tmp_path, env, count: int) -> list[dict]:
+    """Jobs that fail validation (one bad line each): quick to make, nothing runs."""
+    src = _write(tmp_path, ["not json"])
+    jobs = [json.loads(batchinfer(env, "submit", src, "--json").stdout) for _ in range(count)]
+    assert all(job["status"] == "failed" for job in jobs)
+    return jobs
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    """The rows of a table the CLI printed, each cell's folded lines joined. Columns start where the
+    header names do (names are two spaces apart); a row starts on a line with a status."""
+    header, _rule, *lines = text.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    rows: list[list[str]] = []
+    for line in lines:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+        if cells[1]:
+            rows.append(cells)
+        else:
+            rows[-1] = [old + new for old, new in zip(rows[-1], cells)]
+    return rows
+
+
+def test_list_at_80_columns_shows_every_header_and_value(tmp_path, env):
+    jobs = _failed_jobs(tmp_path, env, 2)
+    result = batchinfer({**env, "COLUMNS": "80"}, "list")
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert result.stdout.split()[:7] == ["id", "status", "completed", "failed", "total", "created", "(UTC)"]
+    expected = [[j["id"], "failed", str(j["request_counts"]["completed"]), str(j["request_counts"]["failed"]),
+                 str(j["request_counts"]["total"]),
+                 datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")]
+                for j in reversed(jobs)]
+    assert _table_rows(result.stdout) == expected and expected[0][4] == "1"
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_exits_quietly(tmp_path, env):
+    job_id = _failed_jobs(tmp_path, env, 1)[0]["id"]
+    for args in (["list"], ["list", "--json"], ["status", job_id, "--json"], ["status", job_id]):
+        result = batchinfer_into_closed_pipe(env, *args)
+        assert (result.returncode, result.stderr) == (1, ""), args
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
     from typer.testing import CliRunner
@@ -106,3 +152,51 @@ def test_every_command_has_help(command):
 
     result = CliRunner().invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0 and "Usage" in result.output
+
+
+def _longest_run(text: str, char: str) -> int:
+    return max((len(run) for run in re.findall(f"{re.escape(char)}+", text)), default=0)
+
+
+def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(tmp_path, model_cache, postgres_url):
+    env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url)
+    src = _write(tmp_path, [
+        completion_line("good-1", "The sky is"), completion_line("i" * 600, "hi"), completion_line("nul\x00id", "hi"),
+        completion_line("seed", "hi", seed=2**64), completion_line("huge", "hi", temperature="x" * 500_000),
+        completion_line("good-2", "Two plus two is")])
+    rejected = batchinfer(env, "submit", src)
+    assert rejected.returncode == 2 and "Traceback" not in rejected.stderr
+    for expected in ["line 2: invalid_field (custom_id)", "line 3: invalid_field (custom_id)",
+                     "line 4: invalid_field (body.seed)", "line 5: invalid_field (body.temperature)"]:
+        assert expected in rejected.stderr
+    assert _longest_run(rejected.stderr, "x") <= 200 and _longest_run(rejected.stderr, "i") <= 200
+    result = batchinfer(env, "submit", src, "--skip-invalid", "--json")
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["status"] == "completed" and job["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
+    status = batchinfer(env, "status", job["id"], "--json").stdout
+    assert json.loads(status)["errors"]["count"] == 4 and _longest_run(status, "x") <= 200
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good-1", "good-2"]
+    errors = [json.loads(line) for line in errs.read_text().splitlines()]
+    assert [(e["custom_id"], e["error"]["line"], e["error"]["param"]) for e in errors] == [
+        (None, 2, "custom_id"), (None, 3, "custom_id"), ("seed", 4, "body.seed"), ("huge", 5, "body.temperature")]
+    assert _longest_run(errs.read_text(), "x") <= 200 and _longest_run(errs.read_text(), "i") <= 200
+
+
+def test_download_errors_of_a_job_that_failed_validation_writes_its_error_file(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "hi"), "{nope", completion_line("good", "again")])
+    failed = batchinfer(env, "submit", src, "--json")
+    assert failed.returncode == 2
+    job_id = json.loads(failed.stdout)["id"]
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    result = batchinfer(env, "download", job_id, "-o", str(out), "--errors", str(errs))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: job {job_id} has no output file; wrote its error file to {errs}"
+    lines = [json.loads(line) for line in errs.read_text().splitlines()]
+    assert [(e["error"]["line"], e["error"]["code"], e["custom_id"]) for e in lines] == [
+        (2, "invalid_json_line", None), (3, "duplicate_custom_id", "good")]
+    assert not out.exists()  # nothing ran: no results file, rather than an empty one that looks like success
+    status = json.loads(batchinfer(env, "status", job_id, "--json").stdout)
+    assert status["error_file_id"] is not None and status["output_file_id"] is None

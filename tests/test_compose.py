@@ -2,11 +2,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 COMPOSE = Path(__file__).parents[1] / "docker-compose.yml"
 
 
+@pytest.mark.fast
 def test_compose_has_every_service_and_a_gpu_worker():
     spec = yaml.safe_load(COMPOSE.read_text())
     services = spec["services"]
@@ -27,8 +29,6 @@ def test_compose_file_passes_docker_compose_config():
     elif shutil.which("docker-compose"):
         command = ["docker-compose"]
     else:
-        import pytest
-
         pytest.skip("neither `docker compose` nor `docker-compose` is installed; the YAML test above still ran")
     result = subprocess.run([*command, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -1,3 +1,4 @@
+import pytest
 from sqlalchemy import create_engine, inspect
 
 from batchinfer.db.models import Base, Job
@@ -30,6 +31,7 @@ def test_migrations_match_the_models(postgres_url):
     assert diff == []
 
 
+@pytest.mark.fast
 def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
     url = f"sqlite:///{tmp_path}/sub/db.sqlite"
     upgrade(url)
@@ -43,6 +45,7 @@ def test_upgrade_twice_is_harmless_and_sqlite_works(tmp_path):
     assert job.metadata_ == {} and job.completed == 0 and job.errors == []
 
 
+@pytest.mark.fast
 def test_a_current_database_skips_alembic_and_a_behind_one_is_upgraded(tmp_path):
     from alembic import command
 
@@ -55,3 +58,22 @@ def test_a_current_database_skips_alembic_and_a_behind_one_is_upgraded(tmp_path)
     assert not is_current(url)
     upgrade(url)
     assert is_current(url)
+
+
+def test_migration_heads_read_without_alembic_equal_alembics_heads():
+    from alembic.script import ScriptDirectory
+
+    from batchinfer.db.session import MIGRATIONS_DIR, migration_heads
+    assert migration_heads() == set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads()) != set()
+
+
+def test_run_start_up_on_a_current_database_never_imports_alembic(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    upgrade(url)
+    code = ("import sys; from batchinfer.db.session import upgrade; upgrade(sys.argv[1]); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))")
+    out = subprocess.run([sys.executable, "-c", code, url], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "[]"

@@ -1,34 +1,34 @@
+import pytest
 from sqlalchemy import select
 
 from batchinfer.jobs import service
 from batchinfer.db.models import Request, WorkUnit
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.planner import PlannerConfig
-from batchinfer.cluster.routing import choose_queue
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
+
+pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files
+SHARED = "Answer in one word, as a careful assistant who reads the whole question first. " * 4  # > 64 tokens
 
 
 def test_pending_requests_of_all_queued_jobs_are_planned_once(make_context):
     ctx = make_context()
-    a = submit_lines(ctx, [chat_line("a1", "hi"), chat_line("a2", "there")])
+    a = submit_lines(ctx, [completion_line("a1", SHARED + "Sky?"), completion_line("a2", SHARED + "Grass?")])
     b = submit_lines(ctx, [completion_line("b1", "x")])
-    units = dispatch(ctx, ["w1"])
+    units = dispatch(ctx, ["w1"], PlannerConfig(max_requests_per_unit=2))
     assert sum(u.num_requests for u in units) == 3
-    assert all(u.queue == choose_queue_for(ctx, u.unit_id) for u in units)
     with ctx.sessions() as session:
         rows = session.execute(select(Request.job_id, Request.status, Request.unit_id)).all()
         unit_rows = session.scalars(select(WorkUnit)).all()
+        ids = {u.queue: sorted(session.scalars(select(Request.custom_id).where(Request.unit_id == u.unit_id)))
+               for u in units}
+    # The group sharing SHARED goes to the only live worker's own queue; the lone request to the shared one.
+    assert ids == {"batchinfer.worker.w1": ["a1", "a2"], "batchinfer": ["b1"]}
     assert {r.job_id for r in rows} == {a.id, b.id} and all(r.status == "planned" and r.unit_id for r in rows)
     assert {u.id for u in unit_rows} == {u.unit_id for u in units}
     assert all(ctx.storage.exists(u.input_key) for u in unit_rows)
     assert dispatch(ctx, ["w1"]) == []
-
-
-def choose_queue_for(ctx, unit_id):
-    with ctx.sessions() as session:
-        unit = session.get(WorkUnit, unit_id)
-    return choose_queue(unit.prefix_key, ["w1"])
 
 
 def test_units_mix_jobs_and_respect_the_planner_limits(make_context):
@@ -48,3 +48,14 @@ def test_cancelled_and_failed_jobs_are_not_planned(make_context):
     service.cancel(ctx, job.id)
     submit_lines(ctx, ["not json"])
     assert dispatch(ctx) == []
+
+
+def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
+    from batchinfer.engine import EngineConfig
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.engine_host import engine_config
+
+    ctx = make_context(kv_block_size=32)
+    assert planner_config(ctx).block_size == engine_config(ctx.settings).block_size == 32
+    default = make_context()
+    assert planner_config(default).block_size == engine_config(default.settings).block_size == EngineConfig().block_size

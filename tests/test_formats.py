@@ -1,5 +1,9 @@
+import pytest
+
 from batchinfer.jobs import formats
 from batchinfer.engine.types import GenerationResult
+
+pytestmark = pytest.mark.fast
 
 
 def _result(n_tokens=5):

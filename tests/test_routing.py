@@ -14,13 +14,13 @@ from batchinfer.cluster.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, 
 from batchinfer.cluster.agent import WorkerAgent
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def owner_of(queue: str) -> str:
     return queue.rsplit(".", 1)[1]
 
 
+@pytest.mark.fast
 def test_units_without_a_group_or_without_live_workers_go_to_the_shared_queue():
     assert choose_queue("", ["w1", "w2"]) == SHARED_QUEUE
     assert choose_queue("abc", []) == SHARED_QUEUE
@@ -28,6 +28,7 @@ def test_units_without_a_group_or_without_live_workers_go_to_the_shared_queue():
     assert route_units([("", 10)], [WorkerLoad("w1")]) == [SHARED_QUEUE]
 
 
+@pytest.mark.fast
 def test_a_prefix_key_always_picks_the_same_live_worker():
     workers = [f"w{i}" for i in range(5)]
     for key in (f"key{i}" for i in range(50)):
@@ -36,6 +37,7 @@ def test_a_prefix_key_always_picks_the_same_live_worker():
         assert first in {worker_queue(w) for w in workers}
 
 
+@pytest.mark.fast
 def test_a_leaving_worker_moves_only_its_own_keys():
     workers = [f"w{i}" for i in range(4)]
     keys = [f"key{i}" for i in range(400)]
@@ -46,6 +48,7 @@ def test_a_leaving_worker_moves_only_its_own_keys():
     assert 60 < len(moved) < 140  # about a quarter of the keys lived on w3
 
 
+@pytest.mark.fast
 def test_the_holder_of_a_prefix_wins_unless_it_is_swamped_while_another_idles():
     key = "k1"
     not_owner = [w for w in ("w1", "w2") if worker_queue(w) != choose_queue(key, ["w1", "w2"])][0]
@@ -55,6 +58,7 @@ def test_the_holder_of_a_prefix_wins_unless_it_is_swamped_while_another_idles():
     assert choose_queue(key, ["w1", "w2"], holders=[not_owner], loads={not_owner: 5, other: 3}) == worker_queue(not_owner)
 
 
+@pytest.mark.fast
 def test_equal_groups_are_balanced_and_never_split():
     units = [(k, 100) for k in "abcd" for _ in range(6)]
     queues = route_units(units, [WorkerLoad("w1"), WorkerLoad("w2")])
@@ -66,12 +70,14 @@ def test_equal_groups_are_balanced_and_never_split():
     assert sorted(owners.count(worker_queue(w)) for w in ("w1", "w2")) == [2, 2]
 
 
+@pytest.mark.fast
 def test_one_huge_group_spills_so_no_worker_idles():
     queues = route_units([("big", 100)] * 20, [WorkerLoad("w1"), WorkerLoad("w2"), WorkerLoad("w3")])
     counts = sorted(queues.count(worker_queue(w)) for w in ("w1", "w2", "w3"))
     assert counts[0] >= 4 and sum(counts) == 20
 
 
+@pytest.mark.fast
 def test_groups_go_to_their_holder_and_around_a_backlog():
     units = [("a", 100)] * 3 + [("b", 100)] * 3
     queues = route_units(units, [WorkerLoad("w1", holds=frozenset({"b"})), WorkerLoad("w2", holds=frozenset({"a"}))])
@@ -80,6 +86,7 @@ def test_groups_go_to_their_holder_and_around_a_backlog():
     assert queues.count(worker_queue("w2")) == 6  # w1 has more than this whole plan queued already
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("seed", range(8))
 def test_random_plans_stay_within_the_fair_share_and_keep_small_groups_whole(seed):
     rng = random.Random(seed)
@@ -101,6 +108,7 @@ def test_random_plans_stay_within_the_fair_share_and_keep_small_groups_whole(see
             assert len(holders) == 1, (key, holders)
 
 
+@pytest.mark.fast
 def test_rendezvous_order_is_a_permutation():
     assert sorted(rendezvous_order("x", ["a", "b", "c", "b"])) == ["a", "b", "c"]
 
@@ -108,12 +116,8 @@ def test_rendezvous_order_is_a_permutation():
 # ---- registry and agent against a real Redis (the sweep: test_sweep.py) ----
 
 @pytest.fixture
-def registry():
-    conn = redis.Redis.from_url(REDIS_URL)
-    try:
-        conn.ping()
-    except redis.ConnectionError:
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
+def registry(redis_server):
+    conn = redis.Redis.from_url(f"{redis_server}/0")
     prefix = f"test-{uuid.uuid4().hex[:8]}:"
     yield WorkerRegistry(conn, key_prefix=prefix, ttl_s=0.5)
     for k in conn.scan_iter(match=prefix + "*"):
@@ -212,3 +216,12 @@ def test_queued_unit_ids_reads_unit_ids_from_celery_messages(registry):
     push(registry, SHARED_QUEUE, message.replace("unit_abc", "unit_def"), priority=3)
     push(registry, SHARED_QUEUE, "not json")
     assert registry.queued_unit_ids() == {"unit_abc", "unit_def"}
+
+
+def test_each_service_level_gets_its_own_broker_priority_step_in_order():
+    from batchinfer.cluster.broker import broker_priority
+    from batchinfer.planner.fairness import SERVICE_LEVELS
+
+    # kombu's Redis transport serves the lists of steps 0, 3, 6, 9 in that order; priorities between steps
+    # would share a list, so each level must land on a step of its own.
+    assert [broker_priority(level) for level in range(SERVICE_LEVELS)] == [0, 3, 6, 9]

@@ -17,6 +17,7 @@ def _run_units(ctx, generator, units):
         run_unit(ctx, unit.unit_id, generator, "test-worker")
 
 
+@pytest.mark.fast
 def test_submit_validates_and_queues(make_context):
     ctx = make_context()
     job = submit_lines(ctx, [chat_line("a", "hi"), completion_line("b", "hey")], metadata={"team": "x"})
@@ -25,6 +26,7 @@ def test_submit_validates_and_queues(make_context):
     assert ctx.storage.exists(f"jobs/{job.id}/input.jsonl") and ctx.storage.exists(f"jobs/{job.id}/prepared.jsonl")
 
 
+@pytest.mark.fast
 def test_an_invalid_file_fails_with_every_error_and_nothing_runs(make_context):
     ctx = make_context()
     job = submit_lines(ctx, [chat_line("a", "hi"), "{oops", chat_line("a", "again")])
@@ -37,6 +39,7 @@ def test_an_invalid_file_fails_with_every_error_and_nothing_runs(make_context):
                                                                                   "duplicate_custom_id"]
 
 
+@pytest.mark.fast
 def test_an_unknown_model_is_refused(make_context):
     with pytest.raises(InvalidRequest, match="model_not_found"):
         submit_lines(make_context(), [chat_line("a", "hi")], model="gpt-4o")
@@ -107,6 +110,7 @@ def test_jobs_on_postgres_and_s3_complete_with_output_in_input_order(make_contex
     assert [j.id for j in service.list_jobs(ctx)] == [second.id, first.id]
 
 
+@pytest.mark.fast
 def test_unknown_jobs_are_reported(make_context):
     with pytest.raises(JobNotFound):
         service.get(make_context(), "batch_nope")

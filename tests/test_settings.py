@@ -1,10 +1,16 @@
+import os
+
 import pytest
 from pydantic import ValidationError
 
 from batchinfer.settings import Settings, parse_duration
 
+pytestmark = pytest.mark.fast
+
 
 def test_defaults_put_database_and_files_in_the_data_dir(tmp_path, monkeypatch):
+    for name in [n for n in os.environ if n.startswith("BATCHINFER_")]:  # the defaults, not this shell's settings
+        monkeypatch.delenv(name)
     monkeypatch.setenv("BATCHINFER_DATA_DIR", str(tmp_path))
     s = Settings()
     assert s.resolved_database_url == f"sqlite:///{tmp_path}/batchinfer.db"

@@ -6,7 +6,7 @@ import pytest
 from batchinfer.storage import LocalStorage, S3Storage, open_storage
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=[pytest.param("local", marks=pytest.mark.fast), "s3"])
 def storage(request, tmp_path):
     if request.param == "local":
         return open_storage(f"file://{tmp_path}/files")
@@ -59,12 +59,14 @@ def test_s3_large_files_go_up_in_parts(s3_url):
         assert stream.read(len(chunk)) == chunk
 
 
+@pytest.mark.fast
 def test_local_keys_cannot_escape_the_root(tmp_path):
     storage = LocalStorage(tmp_path / "root")
     with pytest.raises(ValueError):
         storage.exists("../outside")
 
 
+@pytest.mark.fast
 def test_unknown_scheme_is_refused():
     with pytest.raises(ValueError):
         open_storage("gs://bucket")

@@ -9,6 +9,7 @@ from batchinfer.jobs.validation import CODES, ValidationLimits, validate_stream
 from jobfiles import chat_line, completion_line
 
 MODEL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
 
 
 def _limits(**overrides):
@@ -25,27 +26,27 @@ def _codes(report):
     return [(e.line, e.code, e.param) for e in report.errors]
 
 
-def test_a_good_file_is_tokenized_with_the_chat_template(tokenizer):
+def test_a_good_file_is_tokenized_with_the_chat_template(tiny_tokenizer):
     data = "\n".join([chat_line("a", "Hello", 3), "", completion_line("b", "Once upon", 4, stop="x")]).encode()
-    report, valid, _ = _validate(tokenizer, data + b"\n")
+    report, valid, _ = _validate(tiny_tokenizer, data + b"\n")
     assert report.ok and report.lines == 2 and [v.line for v in valid] == [1, 3]
     chat = valid[0]
     assert chat.prompt_token_ids[0] == 1  # <|im_start|>
-    assert tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
-    assert valid[1].prompt_token_ids == tokenizer.encode("Once upon", add_special_tokens=False)
+    assert tiny_tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    assert valid[1].prompt_token_ids == tiny_tokenizer.encode("Once upon", add_special_tokens=False)
     assert valid[1].sampling == SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                                                stop=("x",))
     assert [v.index for v in valid] == [0, 1]
 
 
-def test_the_shipped_sample_is_valid(tokenizer):
+def test_the_shipped_sample_is_valid(tiny_tokenizer):
     with open(Path(__file__).parents[1] / "examples" / "sample.jsonl", "rb") as f:
-        report, valid, _ = _validate(tokenizer, f.read())
+        report, valid, _ = _validate(tiny_tokenizer, f.read())
     urls = {v.url for v in valid}
     assert report.ok and len(valid) == 8 and urls == {"/v1/chat/completions", "/v1/completions"}
 
 
-def test_every_line_problem_is_reported_with_line_code_and_param(tokenizer):
+def test_every_line_problem_is_reported_with_line_code_and_param(tiny_tokenizer):
     lines = [
         chat_line("ok-1", "fine"),                                                         # 1
         "{not json",                                                                       # 2
@@ -60,7 +61,7 @@ def test_every_line_problem_is_reported_with_line_code_and_param(tokenizer):
         completion_line("mt", "hi", max_tokens=0),                                         # 11
     ]
     data = "\n".join(lines).encode() + b"\n\xff\xfe bad bytes\n"                           # 12
-    report, valid, invalid = _validate(tokenizer, data)
+    report, valid, invalid = _validate(tiny_tokenizer, data)
     assert _codes(report) == [
         (2, "invalid_json_line", None), (3, "not_an_object", None), (4, "missing_field", "custom_id"),
         (5, "duplicate_custom_id", "custom_id"), (6, "unsupported_url", "url"), (7, "model_not_found", "body.model"),
@@ -71,37 +72,37 @@ def test_every_line_problem_is_reported_with_line_code_and_param(tokenizer):
     assert report.error_count == 11 and not report.ok and not report.file_error
 
 
-def test_all_problems_on_one_line_are_reported(tokenizer):
-    report, _, invalid = _validate(tokenizer, chat_line("x", "hi", temperature=-1, top_p=2).encode())
+def test_all_problems_on_one_line_are_reported(tiny_tokenizer):
+    report, _, invalid = _validate(tiny_tokenizer, chat_line("x", "hi", temperature=-1, top_p=2).encode())
     assert [e.param for e in report.errors] == ["body.temperature", "body.top_p"] and len(invalid) == 1
 
 
-def test_empty_file(tokenizer):
-    report, _, _ = _validate(tokenizer, b"\n  \n")
+def test_empty_file(tiny_tokenizer):
+    report, _, _ = _validate(tiny_tokenizer, b"\n  \n")
     assert _codes(report) == [(None, "empty_file", None)] and report.file_error
 
 
-def test_too_many_requests(tokenizer):
+def test_too_many_requests(tiny_tokenizer):
     data = "\n".join(completion_line(f"c{i}", "hi") for i in range(4)).encode()
-    report, valid, _ = _validate(tokenizer, data, max_requests=3)
+    report, valid, _ = _validate(tiny_tokenizer, data, max_requests=3)
     assert _codes(report) == [(4, "too_many_requests", None)] and report.file_error and len(valid) == 3
 
 
-def test_line_too_long_is_skipped_without_reading_it_whole(tokenizer):
+def test_line_too_long_is_skipped_without_reading_it_whole(tiny_tokenizer):
     data = (completion_line("a", "x" * 500) + "\n" + completion_line("b", "hi")).encode()
-    report, valid, _ = _validate(tokenizer, data, max_line_bytes=200)
+    report, valid, _ = _validate(tiny_tokenizer, data, max_line_bytes=200)
     assert _codes(report) == [(1, "line_too_long", None)] and [v.custom_id for v in valid] == ["b"]
     assert valid[0].line == 2
 
 
-def test_file_too_large(tokenizer):
+def test_file_too_large(tiny_tokenizer):
     data = "\n".join(completion_line(f"c{i}", "hi") for i in range(10)).encode()
-    report, _, _ = _validate(tokenizer, data, max_file_bytes=300)
+    report, _, _ = _validate(tiny_tokenizer, data, max_file_bytes=300)
     assert report.errors[-1].code == "file_too_large" and report.file_error
 
 
-def test_only_the_configured_model_is_served(tokenizer):
-    report, valid, _ = _validate(tokenizer, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+def test_only_the_configured_model_is_served(tiny_tokenizer):
+    report, valid, _ = _validate(tiny_tokenizer, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                                                         "body": {"prompt": "hi"}}).encode())
     assert report.ok and valid[0].model == MODEL and valid[0].sampling.max_tokens == 256
 
@@ -115,11 +116,60 @@ def test_only_the_configured_model_is_served(tokenizer):
     ({"messages": [{"role": "user", "content": "x"}], "top_k": 1.5}, "body.top_k"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "body.n"),
 ])
-def test_bad_chat_fields_name_the_param(tokenizer, body, param):
+def test_bad_chat_fields_name_the_param(tiny_tokenizer, body, param):
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
-    report, _, _ = _validate(tokenizer, line.encode())
+    report, _, _ = _validate(tiny_tokenizer, line.encode())
     assert report.errors[0].param == param and report.errors[0].code in ("invalid_field", "missing_field")
 
 
 def test_every_code_is_documented():
     assert len(set(CODES)) == len(CODES) == 13
+
+
+def _line(custom_id="a", **body) -> bytes:
+    body = {"messages": [{"role": "user", "content": "x"}], **body}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}).encode()
+
+
+@pytest.mark.parametrize("custom_id", ["i" * 513, "a\x00b", "a\ud800b"])  # over the column, NUL, a lone surrogate
+def test_a_custom_id_the_database_cannot_hold_is_an_invalid_field(tiny_tokenizer, custom_id):
+    data = b"\n".join([_line("ok-1"), _line(custom_id), _line("i" * 512)])
+    report, valid, invalid = _validate(tiny_tokenizer, data)
+    assert _codes(report) == [(2, "invalid_field", "custom_id")] and [v.line for v in valid] == [1, 3]
+    assert invalid[0].custom_id is None and len(report.errors[0].message) < 400  # the bad id is not echoed whole
+
+
+@pytest.mark.parametrize("seed,ok", [(2**63 - 1, True), (-2**63, True), (2**63, False), (-2**63 - 1, False),
+                                     (2**64, False)])
+def test_a_seed_must_fit_in_signed_64_bits(tiny_tokenizer, seed, ok):
+    report, valid, _ = _validate(tiny_tokenizer, _line(seed=seed))
+    if ok:
+        assert report.ok and valid[0].sampling.seed == seed
+    else:
+        assert _codes(report) == [(1, "invalid_field", "body.seed")] and valid == []
+
+
+def test_a_prompt_with_a_lone_surrogate_is_an_invalid_field_not_a_crash(tiny_tokenizer):
+    chat = _line(messages=[{"role": "user", "content": "a\ud800"}])
+    completion = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",
+                             "body": {"prompt": "\ud800"}}).encode()
+    report, _, _ = _validate(tiny_tokenizer, chat + b"\n" + completion)
+    assert _codes(report) == [(1, "invalid_field", "body.messages[0].content"), (2, "invalid_field", "body.prompt")]
+
+
+def test_json_past_the_parser_limits_is_an_invalid_json_line(tiny_tokenizer):
+    too_deep, too_many_digits = b"[" * 100_000, b'{"custom_id": ' + b"7" * 5000 + b"}"
+    report, _, _ = _validate(tiny_tokenizer, too_deep + b"\n" + too_many_digits)
+    assert _codes(report) == [(1, "invalid_json_line", None), (2, "invalid_json_line", None)]
+
+
+@pytest.mark.parametrize("field", ["custom_id", "method", "url", "body.model", "body.temperature", "body.seed",
+                                   "body.messages"])
+def test_a_huge_bad_value_is_echoed_as_a_short_excerpt(tiny_tokenizer, field):
+    huge = "x" * 500_000
+    obj = json.loads(_line())
+    parent, _, name = field.rpartition(".")
+    (obj["body"] if parent else obj)[name] = huge
+    report, _, invalid = _validate(tiny_tokenizer, json.dumps(obj).encode())
+    assert report.errors[0].param == field and 0 < report.errors[0].message.count("x") <= 200
+    assert invalid[0].custom_id in (None, "a")

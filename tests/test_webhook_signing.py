@@ -2,6 +2,8 @@ import pytest
 
 from batchinfer.jobs.webhook_signing import WebhookVerificationError, headers, new_secret, sign, verify
 
+pytestmark = pytest.mark.fast
+
 BODY = b'{"object":"event","id":"evt_1","type":"batch.completed","created_at":1,"data":{"id":"batch_1"}}'
 
 

@@ -14,7 +14,7 @@ from batchinfer.errors import InvalidRequest
 from batchinfer.jobs import service
 from batchinfer.jobs.webhook_delivery import DeliveryLoop, deliver_due
 from batchinfer.jobs.webhook_events import event_id, record_final
-from batchinfer.jobs.webhook_signing import new_secret, verify
+from batchinfer.jobs.webhook_signing import WebhookVerificationError, new_secret, verify
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.unit_runner import run_unit
 from jobfiles import completion_line, submit_lines
@@ -134,5 +134,5 @@ def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_c
     (got,) = receiver.received
     verify(key.webhook_secret, got.headers, got.body)
     assert json.loads(got.body)["type"] == "batch.failed"
-    with pytest.raises(Exception):
+    with pytest.raises(WebhookVerificationError):
         verify(SECRET, got.headers, got.body)  # the server's secret is not the key's

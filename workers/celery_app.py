@@ -12,7 +12,7 @@ from batchinfer.settings import Settings, get_settings
 
 def make_app(settings: Settings) -> Celery:
     app = Celery("batchinfer", broker=settings.broker_url or "memory://", include=["workers.tasks"])
-    transport = {"visibility_timeout": settings.visibility_timeout_s}
+    transport: dict[str, int | str] = {"visibility_timeout": settings.visibility_timeout_s}
     if settings.broker_prefix:
         transport["global_keyprefix"] = settings.broker_prefix
     app.conf.update(

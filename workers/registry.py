@@ -1,13 +1,18 @@
 """The worker registry in Redis (batchinfer.cluster.registry) as this deployment configures it, and the dispatch lock."""
 from __future__ import annotations
 
-import redis
+from typing import TYPE_CHECKING
 
 from batchinfer.settings import Settings
 from batchinfer.cluster.registry import WorkerRegistry, open_registry
 
+if TYPE_CHECKING:
+    import redis
+
 
 def client(settings: Settings) -> redis.Redis:
+    import redis  # on use: the CLI imports this module (bench-load) and must not pay for redis at every start
+
     return redis.Redis.from_url(settings.broker_url)
 
 

@@ -100,7 +100,8 @@ def sweep_hooks(ctx: AppContext) -> SweepHooks:
             last = unit.last_error if unit is not None else None
         return fail_unit(ctx, unit_id, f"{cause}; last error: {last}" if last else cause).committed
 
-    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx))
+    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx),
+                      revalidate=lambda job_id: validate_job_task.apply_async(args=[job_id], queue=SHARED_QUEUE))
 
 
 def requeue_unit(unit_id: str) -> None:
@@ -120,14 +121,15 @@ ESTIMATE_TASK = "batchinfer.estimate"
 
 @app.task(name=VALIDATE_TASK)
 def validate_job_task(job_id: str) -> str:
-    """Validation off the API's request path: tokenizing needs the model's tokenizer, which workers hold."""
+    """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
+    and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
     from batchinfer.db.models import JobStatus
-    from batchinfer.jobs import service
+    from batchinfer.jobs.lifecycle import revalidate_job
 
-    job = service.validate_job(context(), job_id)
-    if job.status == JobStatus.QUEUED:
+    status = revalidate_job(context(), job_id)
+    if status == JobStatus.QUEUED:
         trigger_dispatch()
-    return job.status
+    return status
 
 
 @app.task(name=ESTIMATE_TASK)

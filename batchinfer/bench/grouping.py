@@ -20,9 +20,9 @@ import uuid
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 MODES = ("grouping", "fcfs")
-KV_BYTES_PER_TOKEN_FP32 = 30 * 2 * 3 * 64 * 4  # SmolLM2-135M: layers x (k, v) x kv heads x head_dim x 4 B
 
 _SUBJECTS = ["the warehouse", "the night shift", "the billing system", "the supplier contract", "the safety audit",
              "the support queue", "the data migration", "the quarterly budget", "the hiring plan", "the field team"]
@@ -130,7 +130,7 @@ def run_grouping_bench(options: GroupingBenchOptions, progress=print) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     _, jobs = make_jobs(options)
     results = [_run_mode(options, mode, run_dir, jobs, progress) for mode in options.modes]
-    report = {"benchmark": "cross-job prefix grouping", "options": asdict(options),
+    report: dict[str, Any] = {"benchmark": "cross-job prefix grouping", "options": asdict(options),
               "modes": {r.mode: r.to_dict() for r in results}}
     if {"grouping", "fcfs"} <= {r.mode for r in results}:
         on, off = (next(r for r in results if r.mode == m) for m in ("grouping", "fcfs"))
@@ -147,14 +147,14 @@ def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: lis
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}:"
     data_dir = run_dir / mode
-    values = {"data_dir": data_dir, "broker_url": options.redis_url, "broker_prefix": prefix,
-              "model_cache": options.model_cache, "max_requests_per_unit": options.max_requests_per_unit,
-              "prefix_grouping": mode == "grouping"}
+    values: dict[str, Any] = {"data_dir": data_dir, "broker_url": options.redis_url, "broker_prefix": prefix,
+                              "model_cache": options.model_cache, "max_requests_per_unit": options.max_requests_per_unit,
+                              "prefix_grouping": mode == "grouping"}
     if options.database_url:
         values["database_url"] = options.database_url
-    if options.kv_cache_tokens:
-        values["kv_cache_bytes"] = options.kv_cache_tokens * KV_BYTES_PER_TOKEN_FP32
     settings = Settings(**values)
+    if options.kv_cache_tokens:
+        settings = settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes_for(settings, options.kv_cache_tokens)})
     ctx = AppContext.create(settings, migrate=True)
     names = [f"{mode}-w{i}" for i in range(options.workers)]
     procs = [_start_worker(settings, name, options.threads_per_worker, data_dir) for name in names]
@@ -172,13 +172,25 @@ def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: lis
     return _collect(ctx, mode, job_ids, wall, options)
 
 
+def kv_cache_bytes_for(settings, tokens: int) -> int:
+    """The KV budget that holds `tokens` tokens in a worker's engine: the engine's own bytes per token, for
+    the model and dtype the worker will run (bf16 halves them)."""
+    from batchinfer.engine.light_loader import model_config
+    from batchinfer.engine.loader import resolve_model_dir
+    from batchinfer.engine.model_runner import kv_bytes_per_token
+    from batchinfer.runtime.engine_host import engine_config
+
+    folder = resolve_model_dir(settings.model, settings.model_cache)
+    return tokens * kv_bytes_per_token(model_config(folder), engine_config(settings))
+
+
 def _start_worker(settings, name: str, threads: int, data_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "BATCHINFER_DATA_DIR": str(settings.data_dir), "BATCHINFER_BROKER_URL": settings.broker_url,
            "BATCHINFER_BROKER_PREFIX": settings.broker_prefix, "BATCHINFER_MODEL_CACHE": str(settings.model_cache),
            "BATCHINFER_MAX_REQUESTS_PER_UNIT": str(settings.max_requests_per_unit),
            "BATCHINFER_PREFIX_GROUPING": "true" if settings.prefix_grouping else "false",
-           "BATCHINFER_WORKER_BEAT_S": "1"}
+           "BATCHINFER_WORKER_BEAT_S": "1", "BATCHINFER_DTYPE": settings.dtype}
     if settings.database_url:
         env["BATCHINFER_DATABASE_URL"] = settings.database_url
     if settings.kv_cache_bytes:
@@ -243,7 +255,8 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
 
     from batchinfer.jobs import keys, service
     from batchinfer.db.models import WorkUnit
-    from batchinfer.planner import PlannerConfig, estimate_plan
+    from batchinfer.planner import estimate_plan
+    from batchinfer.runtime.dispatch import planner_config
     from batchinfer.jobs.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
@@ -253,10 +266,11 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
             for raw in stream:
                 req = PreparedRequest.from_json(raw)
                 pending.append(req.to_pending(job.id))
-    optimum = estimate_plan(pending, PlannerConfig()).expected_cached_tokens
+    optimum = estimate_plan(pending, planner_config(ctx)).expected_cached_tokens
     with ctx.sessions() as session:
         units = list(session.scalars(select(WorkUnit)))
-    groups, per_worker = defaultdict(set), defaultdict(int)
+    groups: defaultdict[str, set[str | None]] = defaultdict(set)
+    per_worker: defaultdict[str, int] = defaultdict(int)
     for unit in units:
         per_worker[unit.worker or "?"] += 1
         groups[unit.prefix_key or "(no group)"].add(unit.worker)

@@ -39,42 +39,45 @@ def request_file(workload: Workload, path: Path) -> None:
 
 
 def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
-    """Run one process; wall time and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's
-    ru_maxrss: on Linux a forked child starts with its parent's high-water mark, so a big parent inflates it."""
+    """Run one process; wall time, CPU time (user + sys, from wait4: it moves less than wall time on a shared
+    machine) and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's ru_maxrss: on Linux a
+    forked child starts with its parent's high-water mark, so a big parent inflates it."""
     start = time.time()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
         try:
-            status, peak_kib = _wait4(proc, timeout_s)
+            status, peak_kib, usage = _wait4(proc, timeout_s)
         except TimeoutError:
             proc.kill()
             proc.wait()
-            return {"wall_s": None, "max_rss_mib": None, "rc": None, "error": f"timed out after {timeout_s:.0f} s"}
+            return {"wall_s": None, "cpu_s": None, "max_rss_mib": None, "rc": None,
+                    "error": f"timed out after {timeout_s:.0f} s"}
         wall = time.time() - start
         out.seek(0)
         err.seek(0)
         rc = os.waitstatus_to_exitcode(status)
-        result = {"wall_s": round(wall, 3), "max_rss_mib": round(peak_kib / 1024, 1), "rc": rc,
+        result = {"wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                  "max_rss_mib": round(peak_kib / 1024, 1), "rc": rc,
                   "stdout": out.read().decode(errors="replace")[-2000:]}
         if rc != 0:
             result["error"] = err.read().decode(errors="replace")[-600:]
         return result
 
 
-def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
-    """(wait status, peak VmHWM in KiB) once the process exits, VmHWM sampled while it runs."""
+def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, object]:
+    """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
-        peak = max(peak, _hwm_kib(proc.pid))
-        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        peak = max(peak, hwm_kib(proc.pid))
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, peak
+            return status, peak, usage
         time.sleep(0.01)
     raise TimeoutError
 
 
-def _hwm_kib(pid: int) -> int:
+def hwm_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -145,4 +148,5 @@ def _cell(row: dict | None) -> str:
         return "-"
     if row.get("error") or row["wall_s"] is None:
         return f"failed ({(row.get('error') or '').strip().splitlines()[-1][:60] if row.get('error') else 'rc'})"
-    return f"{row['wall_s']:.2f} s, {row['max_rss_mib']:.0f} MiB"
+    cpu = f" ({row['cpu_s']:.1f} s CPU)" if row.get("cpu_s") is not None else ""
+    return f"{row['wall_s']:.2f} s{cpu}, {row['max_rss_mib']:.0f} MiB"

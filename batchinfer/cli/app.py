@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,7 +22,7 @@ from rich.progress import (
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError
+from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
@@ -30,8 +32,9 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys for `batchinfer serve` (one per tenant).")
 app.add_typer(keys_app, name="keys")
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+# No emoji codes: ':smile:' in a custom_id or a file name prints as typed (markup is off per call, or Text).
+out = Console(emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 EXIT_INVALID_INPUT = 2
 
 
@@ -40,17 +43,22 @@ def friendly_errors(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            return command(*args, **kwargs)
+            try:
+                return command(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # a reader that went away (`| head`) shows here, not in a warning at exit
         except (typer.Exit, typer.Abort):
             raise
+        except BrokenPipeError:
+            out.on_broken_pipe()  # as rich does for its own output: stdout to /dev/null, exit 1, no message
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
+        except KeyboardInterrupt as exc:
+            err.print(f"interrupted: {exc}" if str(exc) else "interrupted", markup=False, highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
-            err.print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], markup=False, highlight=False)
+            err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)
             raise typer.Exit(1) from None
     return wrapper
 
@@ -78,8 +86,6 @@ def _force_dtype(dtype: str | None) -> None:
     """--dtype wins over BATCHINFER_DTYPE, for this process and the worker processes it starts."""
     if dtype is None:
         return
-    import os
-
     from batchinfer.settings import get_settings
 
     os.environ["BATCHINFER_DTYPE"] = dtype
@@ -103,7 +109,7 @@ def _parse_metadata(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise BatchInferError(f"--metadata takes key=value, got {pair!r}")
+            raise BatchInferError(f"--metadata takes key=value, got {shown(pair)}")
         metadata[key] = value
     return metadata
 
@@ -148,7 +154,7 @@ def _report_invalid_batch(batch: dict, as_json: bool) -> None:
         count = errors.get("count", len(errors["data"]))
         if count > len(errors["data"]):
             err.print(f"error: ... and {count - len(errors['data'])} more")
-        err.print(f"job {batch['id']} failed validation: {count} error(s), nothing ran")
+        err.print(f"job {batch['id']} failed validation: {count} error(s), nothing ran", markup=False, highlight=False)
     raise typer.Exit(EXIT_INVALID_INPUT)
 
 
@@ -190,14 +196,26 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
         job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json)
-    if ctx.settings.embedded:
+    if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        err.print(f"job {job.id} was cancelled while it validated: nothing of it runs", markup=False, highlight=False)
+    elif ctx.settings.embedded:
         _run_in_process(ctx, job, quiet=as_json)
     else:
-        from workers.tasks import trigger_dispatch
-
-        trigger_dispatch()
+        _dispatch_soon(job.id)
     job = service.get(ctx, job.id)
     print(json.dumps(batch_object(job)) if as_json else job.id)
+
+
+def _dispatch_soon(job_id: str) -> None:
+    from kombu.exceptions import OperationalError
+
+    from workers.tasks import trigger_dispatch
+
+    try:
+        trigger_dispatch()
+    except OperationalError as exc:  # the job is queued in the database: a worker's sweep dispatches it
+        raise BatchInferError(f"job {job_id} is queued, but the broker is unreachable ({one_line(exc)}); "
+                              "it is dispatched once the broker is back") from None
 
 
 def _submit_remote(client, file: Path, model, metadata, completion_window, skip_invalid, dry_run, as_json) -> None:
@@ -335,18 +353,19 @@ def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", hel
     else:
         ctx = _context()
         fetch = functools.partial(service.download, ctx, job_id)
-    if not _write_atomically(output, fetch):
-        raise BatchInferError(f"job {job_id} has no output file")
+    has_output = _write_atomically(output, fetch)
     if errors is not None and not _write_atomically(errors, functools.partial(fetch, errors=True)):
         errors.unlink(missing_ok=True)
         errors.touch()  # asked for: an empty error file says there were no errors
+    if not has_output:  # a job that failed validation: nothing ran, its bad lines are its error file
+        hint = f"; wrote its error file to {errors}" if errors is not None else "; --errors FILE writes its error file"
+        raise BatchInferError(f"job {job_id} has no output file{hint}")
     err.print(f"wrote {output}" + (f" and {errors}" if errors else ""), markup=False, highlight=False)
 
 
 def _write_atomically(path: Path, fetch) -> bool:
     """Write through a temporary file beside `path`, renamed at the end: an existing file is never
     truncated by a download that fails or finds nothing."""
-    import os
     import tempfile
 
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.")
@@ -382,7 +401,8 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
     if errors is not None:
         with open(errors, "wb") as target:
             service.download(ctx, job.id, target, errors=True)
-    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed -> {output}")
+    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed -> {output}", markup=False,
+              highlight=False)
     if job.status != JobStatus.COMPLETED:
         raise typer.Exit(1)
 
@@ -433,8 +453,8 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
         print(secret)
         if key.webhook_secret:
             print(key.webhook_secret)
-        shown = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
-        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {shown} are shown only now",
+        printed = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
+        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {printed} are shown only now",
                   markup=False, highlight=False)
 
 
@@ -472,19 +492,23 @@ def db_upgrade(revision: str = typer.Argument("head")):
 
     url = get_settings().resolved_database_url
     upgrade(url, revision)
-    err.print(f"database at {revision}: {url.split('@')[-1]}")
+    err.print(f"database at {revision}: {url.split('@')[-1]}", markup=False, highlight=False)
 
 
 # The bench commands register last: they import this module's app.
 from batchinfer.bench.api import bench_api_command  # noqa: E402
 from batchinfer.bench.command import bench  # noqa: E402
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
+from batchinfer.bench.load_command import bench_load_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
+from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
 app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
+app.command("bench-startup")(bench_startup_command)
+app.command("bench-load")(bench_load_command)
 
 
 def main() -> None:

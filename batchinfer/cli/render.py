@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from rich.markup import escape
+from rich import box
 from rich.table import Column, Table
+from rich.text import Text
 
 from batchinfer.cluster.registry import WorkerState
 from batchinfer.errors import excerpt
@@ -16,8 +17,15 @@ TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "com
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
 
 
-def _when(value: int | None) -> str:
-    return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+def literal(value) -> Text:
+    """User text (ids, names, metadata, messages) as rich prints it verbatim: never markup, never an emoji code."""
+    return Text(str(value))
+
+
+def _when(value: int | None, zone: bool = True) -> str:
+    if not value:
+        return "-"
+    return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M:%S" + (" UTC" if zone else ""))
 
 
 def hit_rate(batch: dict) -> float:
@@ -26,26 +34,28 @@ def hit_rate(batch: dict) -> float:
 
 
 def job_table(batch: dict) -> Table:
-    """A Batch object (jobs.batch_view) for people. User text is escaped: it is data, never markup."""
+    """A Batch object (jobs.batch_view) for people. User text is data, never markup."""
     table = Table(show_header=False, box=None)
     counts, usage = batch["request_counts"], batch["usage"]
-    table.add_row("id", batch["id"])
-    table.add_row("status", f"[bold]{batch['status']}[/bold]")
-    table.add_row("model", escape(batch["model"] or ""))
+    table.add_row("id", literal(batch["id"]))
+    table.add_row("status", Text(str(batch["status"]), style="bold"))
+    table.add_row("model", literal(batch["model"] or ""))
     table.add_row("requests", f"{counts['completed']} completed, {counts['failed']} failed, {counts['total']} total")
     table.add_row("tokens", f"{usage['input_tokens']} prompt ({usage['input_tokens_details']['cached_tokens']} cached, "
                             f"hit rate {hit_rate(batch):.1%}), {usage['output_tokens']} completion")
+    if batch.get("input_filename"):
+        table.add_row("input file", literal(excerpt(batch["input_filename"])))
     if batch["metadata"]:
-        table.add_row("metadata", escape(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
+        table.add_row("metadata", literal(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
     for name in TIMESTAMPS:
         if batch.get(name):
             table.add_row(name.removesuffix("_at").replace("_", " "), _when(batch[name]))
     errors = batch["errors"]
     if errors:
         count = errors.get("count", len(errors["data"]))
-        shown = "\n".join(escape(error_line(e)) for e in errors["data"][:20])
+        shown = "\n".join(error_line(e) for e in errors["data"][:20])
         more = f"\n... and {count - 20} more" if count > 20 else ""
-        table.add_row("errors", f"{count}\n{shown}{more}")
+        table.add_row("errors", literal(f"{count}\n{shown}{more}"))
     return table
 
 
@@ -55,11 +65,29 @@ def error_line(error: dict) -> str:
     return excerpt(f"{where}: {error['code']}{param}: {error['message']}")
 
 
+def _rows_table(*columns: Column, **options) -> Table:
+    """A table with headers that fits 80 columns (the default width of a terminal or a pipe): no
+    vertical rules, and a value too wide for its column folds onto the next line instead of being cut."""
+    return Table(*columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True, **options)
+
+
+def _folding(header: str, **options) -> Column:
+    return Column(header, overflow="fold", **options)
+
+
+def _count(header: str) -> Column:
+    return Column(header, justify="right", no_wrap=True)
+
+
 def jobs_table(batches: list[dict]) -> Table:
-    table = Table(Column("id", no_wrap=True), "status", "completed", "failed", "total", Column("created", no_wrap=True))
+    """One row per job; at 80 columns the id folds over two lines (the zone sits in the header to keep
+    the date on one)."""
+    table = _rows_table(_folding("id", min_width=19), Column("status", no_wrap=True), _count("completed"),
+                        _count("failed"), _count("total"), Column("created (UTC)", min_width=10))
     for b in batches:
         c = b["request_counts"]
-        table.add_row(b["id"], b["status"], str(c["completed"]), str(c["failed"]), str(c["total"]), _when(b["created_at"]))
+        table.add_row(literal(b["id"]), literal(b["status"]), str(c["completed"]), str(c["failed"]), str(c["total"]),
+                      _when(b["created_at"], zone=False))
     return table
 
 
@@ -86,11 +114,14 @@ def known_workers(settings: Settings) -> list[WorkerState]:
 
 
 def groups_table(groups: list[GroupFigures]):
-    table = Table(Column("prefix group", no_wrap=True), "shared tokens", "requests", "units", "cached / prompt tokens", "hit rate", "workers",
-                  title="progress by prefix group")
-    for g in groups:
-        table.add_row(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
-                      f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-")
+    rows = [(literal(g.prefix_key), str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
+             f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", literal(", ".join(g.workers) or "-")) for g in groups]
+    headers = ("shared tokens", "requests", "units", "cached / prompt tokens", "hit rate")
+    # A figure is never folded: its column is at least as wide as its widest value; headers wrap instead.
+    figures = [Column(h, min_width=max((len(row[i + 1]) for row in rows), default=0)) for i, h in enumerate(headers)]
+    table = _rows_table(_folding("prefix group"), *figures, _folding("workers"), title="progress by prefix group")
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -101,7 +132,7 @@ def groups_table_of(groups: list[dict]) -> Table:
 
 
 def keys_table(rows: list[dict]) -> Table:
-    table = Table("id", "name", Column("created", no_wrap=True), Column("revoked", no_wrap=True))
+    table = _rows_table(_folding("id"), _folding("name"), _folding("created"), _folding("revoked"))
     for row in rows:
-        table.add_row(row["id"], escape(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
+        table.add_row(literal(row["id"]), literal(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
     return table

@@ -11,6 +11,7 @@ import redis
 
 from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
+from batchinfer.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class WorkerAgent:
             except Exception as exc:  # the agent must outlive any fault (Redis, database, storage down)
                 transient = isinstance(exc, redis.RedisError) or _transient(exc)
                 if transient:
-                    log.warning("worker agent tick: %s: %s; will retry", type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "")
+                    log.warning("worker agent tick: %s; will retry", one_line(exc))
                 else:
                     log.exception("worker agent tick failed")
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-import redis
-
-from batchinfer.planner.fairness import PRIORITY_STEPS
+from batchinfer.cluster.broker import priority_list_keys
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, worker_queue
 
+if TYPE_CHECKING:
+    import redis
+
 MAX_PREFIX_KEYS = 32
-KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
 
 
 @dataclass
@@ -76,7 +77,7 @@ class WorkerRegistry:
         self.conn.delete(self._live_key(name))
 
     def _states(self) -> tuple[list[WorkerState], list[WorkerState]]:
-        known = {k.decode(): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}
+        known = {_text(k): WorkerState.from_json(v) for k, v in self.conn.hgetall(self._known).items()}
         names = sorted(known)
         raws = self.conn.mget([self._live_key(n) for n in names]) if names else []
         live = [WorkerState.from_json(raw) for raw in raws if raw is not None]
@@ -91,7 +92,7 @@ class WorkerRegistry:
 
     def _priority_keys(self, queue: str) -> list[str]:
         """The broker's lists of a queue, served first to last (kombu: one list per priority step)."""
-        return [self._list_key(queue) + (f"{KOMBU_PRIORITY_SEP}{step}" if step else "") for step in PRIORITY_STEPS]
+        return priority_list_keys(self._list_key(queue))
 
     def queue_depth(self, queue: str) -> int:
         pipe = self.conn.pipeline()
@@ -138,7 +139,7 @@ class WorkerRegistry:
 
     def queued_unit_ids(self) -> set[str]:
         """Units with a message waiting in the broker (the shared queue and every known worker's queue)."""
-        queues = [SHARED_QUEUE, *(worker_queue(n.decode()) for n in self.conn.hkeys(self._known))]
+        queues = [SHARED_QUEUE, *(worker_queue(_text(n)) for n in self.conn.hkeys(self._known))]
         found: set[str] = set()
         for queue in queues:
             for key in self._priority_keys(queue):
@@ -156,7 +157,12 @@ class WorkerRegistry:
         return bool(self.conn.set(f"{self.key_prefix}batchinfer:due:{name}", "1", nx=True, px=int(every_s * 1000)))
 
 
-def _unit_of_message(raw: bytes) -> str | None:
+def _text(raw: bytes | str) -> str:
+    """A Redis reply as text (the connection returns bytes unless it was opened with decode_responses)."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _unit_of_message(raw: bytes | str) -> str | None:
     """The unit id of a queued run-unit message (Celery protocol 2 keeps the args' repr in its headers)."""
     try:
         args = json.loads(raw).get("headers", {}).get("argsrepr") or ""
@@ -168,4 +174,6 @@ def _unit_of_message(raw: bytes) -> str | None:
 
 def open_registry(settings) -> WorkerRegistry:
     """The registry as these settings configure it (broker URL, key prefix, heartbeat TTL)."""
+    import redis  # here, not at the top: WorkerState alone must not cost the CLI redis' import (~0.2 s)
+
     return WorkerRegistry(redis.Redis.from_url(settings.broker_url), settings.broker_prefix, ttl_s=settings.worker_ttl_s)

@@ -20,6 +20,7 @@ from sqlalchemy import exists, select, update
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
+from batchinfer.errors import one_line
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.jobs import lifecycle
 
@@ -28,10 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SweepHooks:
-    """What the sweep cannot do from this layer: send a unit, fail one for good, dispatch pending work."""
+    """What the sweep cannot do from this layer: send a unit, fail one for good, dispatch pending work, and
+    validate a job again on a worker (None: in the sweep itself)."""
     requeue: Callable[[str], None]
     fail: Callable[[str, str], object]
     dispatch: Callable[[], object]
+    revalidate: Callable[[str], object] | None = None
 
 
 @dataclass
@@ -72,7 +75,7 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
     if _undispatched(ctx, now):
         hooks.dispatch()
         done.dispatched = True
-    done.jobs = lifecycle.sweep_jobs(ctx, now)
+    done.jobs = lifecycle.sweep_jobs(ctx, now, hooks.revalidate)
     if done.rerun or done.resent or done.failed:
         log.warning("sweep: %d units rerun, %d sent again, %d failed for good", len(done.rerun), len(done.resent),
                     len(done.failed))
@@ -123,11 +126,11 @@ def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list
     with ctx.sessions() as session:
         rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.dispatched_at, WorkUnit.created_at)
                                     .where(WorkUnit.status == UnitStatus.QUEUED)))
-    rows = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
-    if not rows:
+    stale = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
+    if not stale:
         return []
     present = registry.queued_unit_ids() | {w.unit_id for w in _live(registry).values() if w.unit_id}
-    return [(u, a, "no message for it in the broker") for u, a in rows if u not in present]
+    return [(u, a, "no message for it in the broker") for u, a in stale if u not in present]
 
 
 def _undispatched(ctx: AppContext, now: float) -> bool:
@@ -142,8 +145,11 @@ def _undispatched(ctx: AppContext, now: float) -> bool:
 def _rerun(ctx: AppContext, hooks: SweepHooks, unit_id: str, attempts: int, cause: str, done: Sweep,
            expect: str) -> None:
     if attempts >= ctx.settings.unit_max_attempts:
-        if hooks.fail(unit_id, cause):
-            done.failed.append(unit_id)
+        try:
+            if hooks.fail(unit_id, cause):
+                done.failed.append(unit_id)
+        except Exception as exc:  # storage still down (its error lines go there): the next sweep tries again
+            log.warning("unit %s: could not fail it yet: %s", unit_id, one_line(exc))
         return
     now = time.time()
 

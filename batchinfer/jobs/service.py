@@ -13,7 +13,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt, shown
 from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
@@ -30,7 +30,11 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
     job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
                      completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
-    return validate_job(ctx, job.id)
+    try:
+        return validate_job(ctx, job.id)
+    except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
+        cancel(ctx, job.id)
+        raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
 
 
 def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
@@ -42,7 +46,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     settings = ctx.settings
     model = model or settings.model_id
     if model != settings.model_id:
-        raise InvalidRequest(f"model_not_found: model {model!r} is not served here (use {settings.model_id!r})")
+        raise InvalidRequest(f"model_not_found: model {shown(model)} is not served here (use {settings.model_id!r})")
     window = parse_duration(completion_window or settings.completion_window)
     if (metadata or {}).get(webhook_events.METADATA_KEY):
         webhook_events.check_url(metadata[webhook_events.METADATA_KEY])
@@ -168,6 +172,7 @@ def _after_validation(ctx: AppContext, job_id: str, token: str, report: Validati
             job.status, job.queued_at = JobStatus.QUEUED, now
         else:
             job.status, job.failed_at = JobStatus.FAILED, now
+            job.error_key = keys.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
             session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
             webhook_events.record_final(session, job, now)
     return job
@@ -222,8 +227,6 @@ def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = Fals
     """Copy the output (or error) file into target; False when the job has no such file."""
     job = get(ctx, job_id)
     key = job.error_key if errors else job.output_key
-    if key is None and errors and job.status == JobStatus.FAILED and ctx.storage.exists(keys.job_invalid(job_id)):
-        key = keys.job_invalid(job_id)
     if key is None:
         if job.status not in JobStatus.TERMINAL:
             raise BatchInferError(f"job {job_id} is {job.status}; its results are ready when it is completed")

@@ -5,6 +5,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from batchinfer.engine.loader import Tokenizer
 from batchinfer.settings import Settings
 
 # Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
@@ -21,18 +22,18 @@ class _LazyTokenizer:
 
     def __init__(self, folder: Path):
         self._folder = folder
-        self._tokenizer = None
+        self._tokenizer: Tokenizer | None = None
 
     def __getattr__(self, name: str):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
-                from batchinfer.engine.light_loader import LightTokenizer
+                from batchinfer.engine.light_loader import light_tokenizer
 
-                self._tokenizer = LightTokenizer(self._folder)
+                self._tokenizer = light_tokenizer(self._folder)
             else:
-                from transformers import AutoTokenizer
+                from batchinfer.engine.loader import transformers_tokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(self._folder)
+                self._tokenizer = transformers_tokenizer(self._folder)
         return getattr(self._tokenizer, name)
 
 

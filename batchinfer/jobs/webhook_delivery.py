@@ -14,7 +14,8 @@ from sqlalchemy import select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
-from batchinfer.db.session import transaction
+from batchinfer.db.session import is_transient, transaction
+from batchinfer.errors import one_line
 from batchinfer.jobs.webhook_signing import headers
 
 log = logging.getLogger(__name__)
@@ -137,5 +138,8 @@ class DeliveryLoop:
         while not self._stop.wait(self.ctx.settings.webhook_poll_s):
             try:
                 deliver_due(self.ctx)
-            except Exception:  # the database may be down a while: try again next tick
-                log.warning("webhook delivery pass failed", exc_info=True)
+            except Exception as exc:  # the database may be down a while: try again next tick
+                if is_transient(exc):
+                    log.warning("webhook delivery pass: %s; will retry", one_line(exc))
+                else:
+                    log.warning("webhook delivery pass failed", exc_info=True)

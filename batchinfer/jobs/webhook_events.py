@@ -12,8 +12,8 @@ from batchinfer.db.models import ApiKey, Job, JobStatus, WebhookEvent, WebhookSt
 from batchinfer.errors import InvalidRequest
 
 METADATA_KEY = "webhook_url"  # a batch's own receiver, in its metadata; it wins over its key's
-EVENT_TYPES = {JobStatus.COMPLETED: "batch.completed", JobStatus.FAILED: "batch.failed",
-               JobStatus.CANCELLED: "batch.cancelled", JobStatus.EXPIRED: "batch.expired"}
+EVENT_TYPES: dict[str, str] = {JobStatus.COMPLETED: "batch.completed", JobStatus.FAILED: "batch.failed",
+                               JobStatus.CANCELLED: "batch.cancelled", JobStatus.EXPIRED: "batch.expired"}
 
 
 def check_url(url: str) -> str:

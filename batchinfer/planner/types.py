@@ -43,7 +43,7 @@ class UnitPlan:
 class PlannerConfig:
     max_requests_per_unit: int = 64
     max_tokens_per_unit: int = 65536  # prompt + max_tokens summed over the unit
-    block_size: int = 16  # the engine's KV block size: prefixes are shared in whole blocks
+    block_size: int = 16  # prefixes are shared in whole KV blocks: the runtime sets the engine's (planner_config)
     grouping: bool = True  # False: first come, first served
     min_group_prefix_tokens: int = 64  # a prefix group must add at least this many shared tokens
     min_group_requests: int = 2

@@ -9,15 +9,18 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 
 from sqlalchemy import and_, bindparam, distinct, func, or_, select, update
+from sqlalchemy.orm import Session
 
 from batchinfer.jobs import keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
-from batchinfer.planner.fairness import service_priorities
+from batchinfer.planner.fairness import service_levels
+from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
 
@@ -31,8 +34,11 @@ class DispatchedUnit:
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
+    """The planner's settings; its block size is the one the workers' engines run with (engine_host.engine_config),
+    so groups and expected cache hits fall on KV blocks. Read from the settings: no engine (torch) import here."""
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
-                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping)
+                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping,
+                         block_size=ctx.settings.kv_block_size)
 
 
 UNITS_PER_COMMIT = 16
@@ -63,15 +69,20 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans = plan_units(requests, config or planner_config(ctx))
     queues = _route(plans, live_workers or [], worker_loads)
-    priorities = service_priorities(plans, served, {j: job.priority for j, job in jobs.items()})
+    levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
+    priorities = [broker_priority(level) for level in levels]
     planned = list(zip(plans, queues, priorities))
     units = []
     for start in range(0, len(planned), UNITS_PER_COMMIT):
         batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
         for unit_id, plan, _, _ in batch:
             _write_input(ctx, unit_id, plan, prepared)
-        units += retrying(ctx.sessions, lambda session, batch=batch: [u for u in (_persist_unit(session, *e) for e in batch) if u])
+        units += retrying(ctx.sessions, partial(_persist_units, batch=batch))
     return units
+
+
+def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int]]) -> list[DispatchedUnit]:
+    return [u for u in (_persist_unit(session, *e) for e in batch) if u]
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:

@@ -11,7 +11,8 @@ log = logging.getLogger(__name__)
 _generators: dict[tuple, object] = {}
 
 
-def _engine_config(settings: Settings):
+def engine_config(settings: Settings):
+    """The EngineConfig a worker runs with; the planner takes its block size from here too."""
     from batchinfer.engine import EngineConfig
 
     device = settings.device
@@ -19,12 +20,14 @@ def _engine_config(settings: Settings):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype)
+    return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
+                        block_size=settings.kv_block_size)
 
 
 def get_generator(settings: Settings):
     """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf), loaded once per process."""
-    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype)
+    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
+           settings.kv_block_size)
     if key not in _generators:
         started = time.time()
         _generators[key] = generator = _load(settings)
@@ -37,7 +40,7 @@ def _load(settings: Settings):
     if settings.engine == "batchinfer":
         from batchinfer.engine import LLMEngine
 
-        return LLMEngine.from_pretrained(settings.model, str(settings.model_cache), _engine_config(settings))
+        return LLMEngine.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))
     from transformers.utils import logging as hf_logging
 
     from batchinfer.runtime.hf_generate import HFGenerator

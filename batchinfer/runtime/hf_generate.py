@@ -6,7 +6,7 @@ default and this is used when BATCHINFER_ENGINE=hf or the engine cannot be impor
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -16,7 +16,8 @@ from batchinfer.engine.types import GenerationRequest, GenerationResult, Samplin
 
 class HFGenerator:
     def __init__(self, loaded: LoadedModel):
-        self.model = loaded.hf_model
+        # load_model's transformers model, called as a function (which the CausalLM protocol does not promise).
+        self.model: Any = loaded.hf_model
         self.tokenizer = loaded.tokenizer
         self.max_model_len = int(getattr(loaded.config, "max_position_embeddings", 8192))
         self.eos_ids = {loaded.tokenizer.eos_token_id, getattr(loaded.config, "eos_token_id", None)} - {None}

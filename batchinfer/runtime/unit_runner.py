@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -95,7 +96,7 @@ def _start(ctx: AppContext, unit_id: str, worker: str,
     return retrying(ctx.sessions, work)
 
 
-def _load_requests(ctx: AppContext, unit_id: str, to_run: set[tuple[str, int]]) -> list[UnitRequest]:
+def _load_requests(ctx: AppContext, unit_id: str, to_run: AbstractSet[tuple[str, int]]) -> list[UnitRequest]:
     wanted = []
     with ctx.storage.open_read(keys.unit_input(unit_id)) as stream:
         for raw in stream:

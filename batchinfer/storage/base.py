@@ -4,7 +4,13 @@ from __future__ import annotations
 import shutil
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
+
+
+class Readable(Protocol):
+    """What upload reads from: a binary file, or a wrapper that counts or limits what passes."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class Storage(ABC):
@@ -36,7 +42,7 @@ class Storage(ABC):
     def url(self, key: str) -> str:
         """Where the object lives, for people (file://... or s3://...)."""
 
-    def upload(self, key: str, source: BinaryIO) -> None:
+    def upload(self, key: str, source: Readable) -> None:
         with self.open_write(key) as out:
             shutil.copyfileobj(source, out, 1024 * 1024)
 

@@ -6,6 +6,7 @@ Writes spool to a temporary file and go up as a multipart upload, so memory stay
 from __future__ import annotations
 
 import io
+import os
 import tempfile
 from contextlib import contextmanager
 
@@ -14,7 +15,13 @@ from batchinfer.storage.base import Storage
 PART_BYTES = 8 * 1024 * 1024
 # Transient faults (connection refused, throttling, 5xx) retried with backoff by botocore itself, about
 # half a minute in all; what still fails reaches the caller (a unit is then rerun by the sweep).
-RETRIES = {"max_attempts": 8, "mode": "standard"}
+MAX_ATTEMPTS = 8
+
+
+def retries() -> dict:
+    """botocore's retry config; the standard AWS_MAX_ATTEMPTS variable still overrides the count (botocore
+    itself ignores it once a Config names retries)."""
+    return {"max_attempts": int(os.environ.get("AWS_MAX_ATTEMPTS") or MAX_ATTEMPTS), "mode": "standard"}
 
 
 class _BodyReader(io.RawIOBase):
@@ -50,7 +57,7 @@ class S3Storage(Storage):
 
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.client = client or boto3.client("s3", config=Config(retries=RETRIES, connect_timeout=5, read_timeout=60))
+        self.client = client or boto3.client("s3", config=Config(retries=retries(), connect_timeout=5, read_timeout=60))
         self.client.meta.events.register("before-send.s3", _drop_expect_header)
         self._transfer = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES)
 

@@ -9,6 +9,8 @@ from batchinfer.engine.block_manager import BlockManager
 from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.types import SamplingParams
 
+pytestmark = pytest.mark.fast
+
 BS = 4
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from batchinfer.engine import EngineConfig
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("field,value", [("block_size", 0), ("kv_cache_fraction", 1.5), ("max_num_seqs", 0),
                                          ("max_num_batched_tokens", 0), ("attention_backend", "flash"),

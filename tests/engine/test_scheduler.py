@@ -11,6 +11,8 @@ from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.sequence import Sequence, SequenceStatus
 from batchinfer.engine.types import SamplingParams
 
+pytestmark = pytest.mark.fast
+
 
 def make_scheduler(num_blocks=64, block_size=4, **cfg) -> Scheduler:
     config = EngineConfig(block_size=block_size, **cfg)

@@ -9,6 +9,8 @@ import torch
 from batchinfer.engine.attention.base import AttentionMetadata
 from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
 
+pytestmark = pytest.mark.fast
+
 BLOCK, HQ, HKV, D = 4, 6, 2, 8
 
 

@@ -1,5 +1,5 @@
 """Fixtures of the fault matrix (the helpers themselves are in faultlib.py, for b2's cases too):
-private_redis(persist=...), private_postgres, fault_cluster(broker=..., database=..., **env)."""
+private_redis(persist=...), private_postgres, private_s3, fault_cluster(broker=..., database=..., s3=..., **env)."""
 from __future__ import annotations
 
 import os
@@ -39,13 +39,28 @@ def private_postgres():
 
 
 @pytest.fixture
+def private_s3(tmp_path, monkeypatch, s3_server):
+    """A SeaweedFS of this test's own (kill() and start() it); this process's boto3 talks to it too."""
+    from batchinfer.bench.services import SeaweedS3
+
+    server = SeaweedS3(tmp_path / "seaweedfs")
+    server.bucket = server.create_bucket()
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def fault_cluster(tmp_path, model_cache, postgres_url, redis_server, s3_url, s3_server):
-    """fault_cluster(broker=..., database=..., **env): shared PostgreSQL/Redis unless a private one is given."""
+    """fault_cluster(broker=..., database=..., s3=private_s3, **env): the shared PostgreSQL, Redis and S3
+    unless a private one is given."""
     made: list[FaultCluster] = []
 
-    def make(broker: str | None = None, database: str | None = None, **extra: str) -> FaultCluster:
-        made.append(FaultCluster(tmp_path, database or postgres_url, broker or redis_server, s3_url, model_cache,
-                                 s3_server, **extra))
+    def make(broker: str | None = None, database: str | None = None, s3=None, **extra: str) -> FaultCluster:
+        storage, s3_env = (f"s3://{s3.bucket}/jobs-prefix", s3.env) if s3 is not None else (s3_url, s3_server)
+        made.append(FaultCluster(tmp_path, database or postgres_url, broker or redis_server, storage, model_cache,
+                                 s3_env, **extra))
         return made[-1]
 
     yield make

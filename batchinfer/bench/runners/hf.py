@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
@@ -31,7 +32,9 @@ class HFRunner(Runner):
         self.name, self.batch_size = name, batch_size
         loaded = load_model(options.model_path, options.cache_dir, dtype=_DTYPES[options.dtype])
         self.device = torch.device(options.device)
-        self.model = loaded.hf_model.to(self.device)
+        # load_model's transformers model: .to, .generate and generation_config, which CausalLM does not promise.
+        model: Any = loaded.hf_model
+        self.model = model.to(self.device)
         # generate() falls back to the model's own eos_token_id when given None; clear it so EOS is
         # sampled like any token and every request runs to max_tokens, as on the other systems.
         self.model.generation_config.eos_token_id = None

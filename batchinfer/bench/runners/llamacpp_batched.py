@@ -112,7 +112,8 @@ class MultiSequenceLlama:
         A row index is only valid until the next decode, so rows come from the last chunk: the callers put
         every token that wants logits in the final chunk (suffixes are short; decode steps fit one batch).
         """
-        lib, batch, rows = self.lib, self.batch, []
+        lib, batch = self.lib, self.batch
+        rows: list[int] = []
         for c in range(0, len(items), self.n_batch):
             chunk = items[c:c + self.n_batch]
             rows = []

@@ -105,7 +105,9 @@ def _prefix_kv(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 def make_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype, cascade: bool = True) -> _Plan:
     cu = meta.cu_seqlens_q.tolist()
     seq_lens = meta.seq_lens.tolist()
-    fresh, short, long = [], [], []
+    fresh: list[tuple[int, int]] = []
+    short: list[int] = []
+    long: list[int] = []
     for i, total in enumerate(seq_lens):
         q_len = cu[i + 1] - cu[i]
         if q_len == total:

@@ -1,6 +1,7 @@
 """Llama forward pass over one flat ragged batch: fused QKV and gate/up, RoPE, RMSNorm, paged attention.
 
-Weights are taken from the transformers model; logits are computed only at the positions sampled.
+Weights come in the engine layout (engine/weights.py): mapped from its cache file, or converted from the
+model here. Logits are computed only at the positions sampled.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
+from ..loader import CausalLM
+from ..weights import LAYER_FIELDS, engine_weights
 
 
 @dataclass
@@ -23,40 +26,35 @@ class LlamaLayer:
 
 
 class LlamaForCausalLM:
-    def __init__(self, hf_model: torch.nn.Module, attention: AttentionBackend, device: torch.device,
-                 dtype: torch.dtype, max_model_len: int):
+    def __init__(self, hf_model: CausalLM, attention: AttentionBackend, device: torch.device,
+                 dtype: torch.dtype, max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
         cfg = hf_model.config
-        self.num_layers = cfg.num_hidden_layers
-        self.num_q_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.hidden_size = cfg.hidden_size
-        self.eps = cfg.rms_norm_eps
+        self.num_layers: int = cfg.num_hidden_layers
+        self.num_q_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = cfg.num_key_value_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.hidden_size: int = cfg.hidden_size
+        self.eps: float = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.attention = attention
-        self._load_weights(hf_model, device, dtype)
+        self._load_weights(hf_model, device, dtype, weights)
         theta = _rope_theta(cfg)
         self.rope_cos, self.rope_sin = _rope_tables(theta, self.head_dim, max_model_len, device)
 
-    def _load_weights(self, hf_model, device, dtype) -> None:
-        def take(t: torch.Tensor) -> torch.Tensor:
-            return t.detach().to(device=device, dtype=dtype).contiguous()
+    def _load_weights(self, hf_model: CausalLM, device: torch.device, dtype: torch.dtype,
+                      weights: dict[str, torch.Tensor] | None) -> None:
+        """From engine-layout tensors (engine/weights.py) when given, else converted from the model here."""
+        if weights is None:
+            weights = engine_weights(hf_model, dtype)
 
-        inner = hf_model.model
-        self.embed = take(inner.embed_tokens.weight)
-        self.final_norm = take(inner.norm.weight)
-        self.lm_head = take(hf_model.lm_head.weight) if hf_model.lm_head.weight is not inner.embed_tokens.weight else self.embed
-        self.layers = []
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(LlamaLayer(
-                input_norm=take(layer.input_layernorm.weight),
-                qkv_proj=take(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-                o_proj=take(attn.o_proj.weight),
-                post_norm=take(layer.post_attention_layernorm.weight),
-                gate_up_proj=take(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                down_proj=take(mlp.down_proj.weight),
-            ))
+        def take(name: str) -> torch.Tensor:  # no copy when the dtype and device already match
+            return weights[name].to(device=device, dtype=dtype)
+
+        self.embed = take("embed")
+        self.final_norm = take("final_norm")
+        self.lm_head = take("lm_head") if "lm_head" in weights else self.embed
+        self.layers = [LlamaLayer(**{field: take(f"layers.{i}.{field}") for field in LAYER_FIELDS})
+                       for i in range(self.num_layers)]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

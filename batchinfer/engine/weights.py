@@ -1,0 +1,88 @@
+"""The engine's weight layout (fused QKV and gate/up, in the engine dtype), cached on disk once per dtype.
+
+Converting the fp32 checkpoint at every start costs seconds and holds fp32 and bf16 copies at once. The
+first load writes the engine layout as a safetensors file; later loads map it: no copy, no conversion,
+and only the pages the model reads count in RSS.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .loader import CausalLM
+
+log = logging.getLogger(__name__)
+LAYER_FIELDS = ("input_norm", "qkv_proj", "o_proj", "post_norm", "gate_up_proj", "down_proj")
+LAYOUT_VERSION = 1  # bump when the layout changes: old cache files are then ignored
+
+
+def engine_weights(hf_model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Flat engine names -> contiguous tensors in `dtype`, from a transformers model or the light tree.
+    A tied LM head is left out (the engine reuses the embedding)."""
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype).contiguous()
+
+    inner = hf_model.model
+    weights = {"embed": take(inner.embed_tokens.weight), "final_norm": take(inner.norm.weight)}
+    if hf_model.lm_head.weight is not inner.embed_tokens.weight:
+        weights["lm_head"] = take(hf_model.lm_head.weight)
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        weights |= {
+            f"layers.{i}.input_norm": take(layer.input_layernorm.weight),
+            f"layers.{i}.qkv_proj": torch.cat([take(attn.q_proj.weight), take(attn.k_proj.weight),
+                                               take(attn.v_proj.weight)]),
+            f"layers.{i}.o_proj": take(attn.o_proj.weight),
+            f"layers.{i}.post_norm": take(layer.post_attention_layernorm.weight),
+            f"layers.{i}.gate_up_proj": torch.cat([take(mlp.gate_proj.weight), take(mlp.up_proj.weight)]),
+            f"layers.{i}.down_proj": take(mlp.down_proj.weight),
+        }
+    return weights
+
+
+def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The engine layout mapped from its cache file; built from `hf_model` (and saved) the first time."""
+    from safetensors.torch import load_file
+
+    path = cache_path(folder, cache_dir, dtype)
+    if path.exists():
+        return load_file(str(path))  # safetensors maps the file: tensors are views of the page cache
+    weights = engine_weights(hf_model, dtype)
+    try:
+        _save(weights, path)
+    except OSError as exc:  # a read-only cache still runs, it only converts again next time
+        log.warning("could not cache the engine weights at %s: %s", path, exc)
+        return weights
+    del weights
+    return load_file(str(path))
+
+
+def cache_path(folder: Path, cache_dir: str | Path, dtype: torch.dtype) -> Path:
+    """One file per (checkpoint, dtype, layout); the checkpoint is named by its path, size and mtime."""
+    source = folder / "model.safetensors"
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{LAYOUT_VERSION}".encode())
+    dtype_name = str(dtype).removeprefix("torch.")
+    return Path(cache_dir) / "engine" / f"{folder.name}-{key.hexdigest()[:16]}-{dtype_name}.safetensors"
+
+
+def _save(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Write beside the target and rename: a concurrent reader sees the whole file or none."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        save_file(weights, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

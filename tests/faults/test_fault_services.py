@@ -1,0 +1,168 @@
+"""Infrastructure faults: Redis restarted with and without what it held, the database restarted, S3 down
+during a unit and during submit, and a submit while Redis is down. Each case runs against private servers
+(never the shared ones) and measures its recovery time: from the fault to the job's final state."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from faultlib import job_lines, record_recovery, slow_lines, wait_for
+
+
+@pytest.mark.parametrize("persist", [True, False], ids=["appendonly", "no-persistence"])
+def test_redis_restarted_mid_job_the_job_completes(fault_cluster, private_redis, persist):
+    """With AOF every message and registry key comes back; without it they are all gone, and the sweep
+    sends again the units the database has as queued with no message left for them."""
+    redis = private_redis(persist=persist)
+    c = fault_cluster(broker=redis.url)
+    c.start("w1")
+    lines = slow_lines("p" if persist else "n", 4)
+    job_id = c.submit(lines)
+    c.wait_unit_running("w1")
+    fault_at = time.time()
+    redis.restart(down_s=1.0)
+    job = c.wait_final(job_id, timeout=120)
+    c.check(job, lines, "completed", expect_completed=4)
+    if not persist:  # the queued units' messages were lost with Redis: the sweep sent them again
+        assert "no message for it in the broker" in c.log_tail("w1", 10 ** 6)
+    record_recovery(f"redis restarted mid-job, {'appendonly' if persist else 'no persistence'}",
+                    job.completed_at - fault_at)
+
+
+def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster, private_postgres):
+    """A second PostgreSQL cluster, stopped as a crash would (immediate) while a unit generates, and started
+    again only once the unit has stored its results: its commit retries its transaction until the database
+    is back (pool_pre_ping drops the dead connections), and the sweep's failed ticks are retried too."""
+    from batchinfer.jobs import keys
+
+    c = fault_cluster(database=private_postgres.url)
+    c.start("w1")
+    lines = slow_lines("db", 4)
+    job_id = c.submit(lines)
+    unit = c.wait_unit_running("w1")
+    fault_at = time.time()
+    private_postgres.stop("immediate")
+    wait_for(lambda: c.context().storage.exists(keys.unit_results(unit.id, 1)), 90, "the unit's results file")
+    time.sleep(1.0)  # the commit is failing now
+    private_postgres.start()
+    back_at = time.time()
+    job = c.wait_final(job_id, timeout=120)
+    c.check(job, lines, "completed", expect_completed=4)
+    assert "database: " in c.log_tail("w1", 10 ** 6), "the commit never had to retry"
+    record_recovery("database down across a unit's commit", job.completed_at - fault_at,
+                    database_down_s=round(back_at - fault_at, 2))
+
+
+def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is_back(fault_cluster, private_redis, tmp_path):
+    """Direct: `batchinfer submit` stores and queues the job, then cannot send the dispatch: it exits 1 with
+    one line naming the job. Through the API: the batch is created and waits in `validating`. Once Redis is
+    back the sweep validates and dispatches both (no other submit needed; not after validation_stale_s)."""
+    import subprocess
+
+    from batchinfer.jobs import service
+
+    redis = private_redis()
+    c = fault_cluster(broker=redis.url)
+    c.start("w1")
+    api_env = c.serve()
+    lines, api_lines = job_lines("rd", 4), job_lines("ra", 4)
+    path, api_path = tmp_path / "input.jsonl", tmp_path / "api.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    api_path.write_text("\n".join(api_lines) + "\n")
+    redis.kill()
+    through_api = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)],
+                                   env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    done = c.cli("submit", str(path))
+    print("submit:", done.returncode, done.stdout, done.stderr)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    wait_for(lambda: len(service.list_jobs(c.context())) == 2, 60, "the batch through the API")
+    fault_at = time.time()
+    redis.start()
+    api_out, api_err = through_api.communicate(timeout=120)
+    assert through_api.returncode == 0 and api_out.startswith("batch_"), (api_out, api_err)
+    direct = [j for j in service.list_jobs(c.context()) if j.id != api_out.strip()]
+    assert len(direct) == 1 and direct[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
+    for job_id, job_input in ((direct[0].id, lines), (api_out.strip(), api_lines)):
+        job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
+        c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err])
+        record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
+                        "(redis back -> job final)", job.completed_at - fault_at)
+
+
+def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluster, private_s3):
+    """SeaweedFS killed while a unit generates and started again a few seconds later: the unit's results
+    write (boto3's retries) or its rerun gets through, and every request completes once."""
+    c = fault_cluster(s3=private_s3)
+    c.start("w1")
+    lines = slow_lines("s3", 4)
+    job_id = c.submit(lines)
+    c.wait_unit_running("w1")
+    fault_at = time.time()
+    private_s3.kill()
+    time.sleep(3.0)
+    private_s3.start()
+    back_at = time.time()
+    job = c.wait_final(job_id, timeout=150)
+    c.check(job, lines, "completed", expect_completed=4)
+    record_recovery("s3 down while a unit generates, then back", job.completed_at - fault_at,
+                    s3_down_s=round(back_at - fault_at, 2))
+
+
+def test_s3_down_past_the_retries_fails_the_unit_with_server_error_and_its_cause(fault_cluster, private_s3):
+    """SeaweedFS killed mid-unit and kept down until a unit has spent its attempts (2 here, and 2 boto3
+    attempts per call): once S3 is back its requests fail into the error file with server_error naming the
+    S3 error, the other units run, and nothing stays running."""
+    c = fault_cluster(s3=private_s3, BATCHINFER_UNIT_MAX_ATTEMPTS="2")
+    c.s3_env = {**c.s3_env, "AWS_MAX_ATTEMPTS": "2"}
+    c.start("w1")
+    lines = slow_lines("sd", 4)
+    job_id = c.submit(lines)
+    c.wait_unit_running("w1")
+    fault_at = time.time()
+    private_s3.kill()
+
+    def doomed():  # its last attempt failed on S3: the sweep fails it as soon as the error lines can be stored
+        return next((u for u in c.units() if u.status == "running" and u.attempts >= 2 and u.last_error
+                     and not u.last_error.startswith("worker ")), None)
+    unit = wait_for(doomed, 120, "a unit to spend its attempts on S3 errors")
+    back_at = time.time()  # S3 answers at some point during start()
+    private_s3.start()
+    job = c.wait_final(job_id, timeout=150)
+    _, errors = c.check(job, lines, "completed")
+    assert errors and {e["error"]["code"] for e in errors} == {"server_error"}, errors
+    assert all(unit.last_error.split(":")[0] in e["error"]["message"] for e in errors), (unit.last_error, errors)
+    assert {u.status for u in c.units()} == {"done"}
+    record_recovery("s3 down past the retries (s3 restarted -> job final)", job.completed_at - back_at,
+                    s3_down_s=round(back_at - fault_at, 2), failed=len(errors))
+
+
+def test_submit_while_s3_is_down_fails_clearly_and_leaves_no_open_job(fault_cluster, private_s3, tmp_path):
+    """`batchinfer submit` cannot store the input: it exits 1 with one line naming the cause, and the job
+    row it had made is already failed with that cause (nothing waits for a sweep, nothing runs)."""
+    from batchinfer.jobs import service
+
+    c = fault_cluster(s3=private_s3)
+    c.s3_env = {**c.s3_env, "AWS_MAX_ATTEMPTS": "3"}
+    lines = job_lines("sub", 3)
+    path = tmp_path / "input.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    c.context()  # the schema
+    private_s3.kill()
+    started = time.time()
+    done = c.cli("submit", str(path))
+    gave_up_s = time.time() - started
+    print("submit:", done.returncode, done.stdout, done.stderr)
+    assert done.returncode != 0 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
+    assert "could not store the input file" in done.stderr and "Traceback" not in done.stderr
+    jobs = service.list_jobs(c.context())
+    assert [j.status for j in jobs] in ([], ["failed"]), [(j.id, j.status) for j in jobs]
+    for job in jobs:
+        assert job.id in done.stderr and "could not store the input file" in job.errors[0]["message"], job.errors
+        assert (job.total, job.completed, job.failed) == (0, 0, 0)
+    record_recovery("submit while s3 is down (time to the error, 3 boto3 attempts)", gave_up_s)
