@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from faultlib import job_lines, record_recovery, slow_lines, wait_for
+from faultlib import job_lines, record_recovery, slow_lines, wait_for, write_lines
 
 
 @pytest.mark.parametrize("persist", [True, False], ids=["appendonly", "no-persistence"])
@@ -69,9 +69,7 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
     c.start("w1")
     api_env = c.serve()
     lines, api_lines = job_lines("rd", 4), job_lines("ra", 4)
-    path, api_path = tmp_path / "input.jsonl", tmp_path / "api.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    api_path.write_text("\n".join(api_lines) + "\n")
+    path, api_path = write_lines(tmp_path / "input.jsonl", lines), write_lines(tmp_path / "api.jsonl", api_lines)
     redis.kill()
     through_api = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)],
                                    env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
@@ -149,8 +147,7 @@ def test_submit_while_s3_is_down_fails_clearly_and_leaves_no_open_job(fault_clus
     c = fault_cluster(s3=private_s3)
     c.s3_env = {**c.s3_env, "AWS_MAX_ATTEMPTS": "3"}
     lines = job_lines("sub", 3)
-    path = tmp_path / "input.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path = write_lines(tmp_path / "input.jsonl", lines)
     c.context()  # the schema
     private_s3.kill()
     started = time.time()
