@@ -29,7 +29,7 @@ def test_redis_restarted_mid_job_the_job_completes(fault_cluster, private_redis,
     if not persist:  # the queued units' messages were lost with Redis: the sweep sent them again
         assert "no message for it in the broker" in c.log_tail("w1", 10 ** 6)
     record_recovery(f"redis restarted mid-job, {'appendonly' if persist else 'no persistence'}",
-                    job.completed_at - fault_at)
+                    job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
 
 
 def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster, private_postgres):
@@ -53,7 +53,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     c.check(job, lines, "completed", expect_completed=4)
     assert "database: " in c.log_tail("w1", 10 ** 6), "the commit never had to retry"
     record_recovery("database down across a unit's commit", job.completed_at - fault_at,
-                    database_down_s=round(back_at - fault_at, 2))
+                    database_down_s=round(back_at - fault_at, 2), generating_s=c.generating_s(fault_at))
 
 
 def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is_back(fault_cluster, private_redis, tmp_path):
@@ -89,7 +89,7 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
         job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
         c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err])
         record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
-                        "(redis back -> job final)", job.completed_at - fault_at)
+                        "(redis back -> job final)", job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
 
 
 def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluster, private_s3):
@@ -108,7 +108,7 @@ def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluste
     job = c.wait_final(job_id, timeout=150)
     c.check(job, lines, "completed", expect_completed=4)
     record_recovery("s3 down while a unit generates, then back", job.completed_at - fault_at,
-                    s3_down_s=round(back_at - fault_at, 2))
+                    s3_down_s=round(back_at - fault_at, 2), generating_s=c.generating_s(fault_at))
 
 
 def test_s3_down_past_the_retries_fails_the_unit_with_server_error_and_its_cause(fault_cluster, private_s3):
