@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from faultlib import job_lines, record_recovery, slow_lines, wait_for
+from faultlib import job_lines, record_recovery, slow_lines, wait_for, write_lines
 
 
 @pytest.mark.parametrize("persist", [True, False], ids=["appendonly", "no-persistence"])
@@ -29,7 +29,7 @@ def test_redis_restarted_mid_job_the_job_completes(fault_cluster, private_redis,
     if not persist:  # the queued units' messages were lost with Redis: the sweep sent them again
         assert "no message for it in the broker" in c.log_tail("w1", 10 ** 6)
     record_recovery(f"redis restarted mid-job, {'appendonly' if persist else 'no persistence'}",
-                    job.completed_at - fault_at)
+                    job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
 
 
 def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster, private_postgres):
@@ -53,7 +53,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     c.check(job, lines, "completed", expect_completed=4)
     assert "database: " in c.log_tail("w1", 10 ** 6), "the commit never had to retry"
     record_recovery("database down across a unit's commit", job.completed_at - fault_at,
-                    database_down_s=round(back_at - fault_at, 2))
+                    database_down_s=round(back_at - fault_at, 2), generating_s=c.generating_s(fault_at))
 
 
 def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is_back(fault_cluster, private_redis, tmp_path):
@@ -69,9 +69,7 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
     c.start("w1")
     api_env = c.serve()
     lines, api_lines = job_lines("rd", 4), job_lines("ra", 4)
-    path, api_path = tmp_path / "input.jsonl", tmp_path / "api.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    api_path.write_text("\n".join(api_lines) + "\n")
+    path, api_path = write_lines(tmp_path / "input.jsonl", lines), write_lines(tmp_path / "api.jsonl", api_lines)
     redis.kill()
     through_api = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)],
                                    env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
@@ -91,7 +89,7 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
         job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
         c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err])
         record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
-                        "(redis back -> job final)", job.completed_at - fault_at)
+                        "(redis back -> job final)", job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
 
 
 def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluster, private_s3):
@@ -110,7 +108,7 @@ def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluste
     job = c.wait_final(job_id, timeout=150)
     c.check(job, lines, "completed", expect_completed=4)
     record_recovery("s3 down while a unit generates, then back", job.completed_at - fault_at,
-                    s3_down_s=round(back_at - fault_at, 2))
+                    s3_down_s=round(back_at - fault_at, 2), generating_s=c.generating_s(fault_at))
 
 
 def test_s3_down_past_the_retries_fails_the_unit_with_server_error_and_its_cause(fault_cluster, private_s3):
@@ -149,8 +147,7 @@ def test_submit_while_s3_is_down_fails_clearly_and_leaves_no_open_job(fault_clus
     c = fault_cluster(s3=private_s3)
     c.s3_env = {**c.s3_env, "AWS_MAX_ATTEMPTS": "3"}
     lines = job_lines("sub", 3)
-    path = tmp_path / "input.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    path = write_lines(tmp_path / "input.jsonl", lines)
     c.context()  # the schema
     private_s3.kill()
     started = time.time()
