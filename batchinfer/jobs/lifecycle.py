@@ -17,7 +17,7 @@ from sqlalchemy import exists, func, select, update
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import is_transient, retrying
-from batchinfer.errors import excerpt
+from batchinfer.errors import excerpt, one_line
 from batchinfer.jobs.assembly import assemble
 from batchinfer.jobs.webhook_events import record_final
 
@@ -71,12 +71,22 @@ def recover_validating(ctx: AppContext, now: float, revalidate: Callable[[str], 
     return recovered
 
 
+def validation_lost(ctx: AppContext, job_id: str) -> None:
+    """The message that would validate this job could not be sent (the broker is down): the next sweep
+    validates it, rather than after validation_stale_s."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(validation_heartbeat_at=0.0)))
+
+
 def _renew_validation_lease(ctx: AppContext, job_id: str, stale: float, now: float) -> bool:
     """True for the one sweep that takes the job over (two overlapping sweeps hand it on once)."""
     last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
-    return bool(retrying(ctx.sessions, lambda session: session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING, last_progress < stale)
-        .values(validation_heartbeat_at=now)).rowcount))
+
+    def work(session) -> int:
+        return session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING,
+                                                 last_progress < stale).values(validation_heartbeat_at=now)).rowcount
+
+    return bool(retrying(ctx.sessions, work))
 
 
 def revalidate_job(ctx: AppContext, job_id: str) -> str:
@@ -88,16 +98,23 @@ def revalidate_job(ctx: AppContext, job_id: str) -> str:
     try:
         return validate_job(ctx, job_id).status
     except Exception as exc:
-        cause = f"{type(exc).__name__}: {excerpt(str(exc))}"
-        if _passes(exc):
-            log.warning("revalidating %s failed, will retry: %s", job_id, cause)
+        try:
+            return _validation_failed(ctx, job_id, exc)
+        except Exception as again:  # the database or storage went away meanwhile: the next sweep tries again
+            log.warning("revalidating %s failed, will retry: %s", job_id, one_line(again))
             return JobStatus.VALIDATING
-        if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
-            cause = "the input file was never stored (the submit was interrupted)"
-        else:
-            cause = f"validation failed: {cause}"
-        log.warning("job %s fails: %s", job_id, cause)
-        fail_validation(ctx, job_id, cause)
+
+
+def _validation_failed(ctx: AppContext, job_id: str, exc: Exception) -> str:
+    if _passes(exc):
+        log.warning("revalidating %s failed, will retry: %s", job_id, one_line(exc))
+        return JobStatus.VALIDATING
+    if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
+        cause = "the input file was never stored (the submit was interrupted)"
+    else:
+        cause = f"validation failed: {type(exc).__name__}: {excerpt(str(exc))}"
+    log.warning("job %s fails: %s", job_id, cause)
+    fail_validation(ctx, job_id, cause)
     return JobStatus.FAILED
 
 

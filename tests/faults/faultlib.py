@@ -232,6 +232,19 @@ class FaultCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
 
+    def serve(self, timeout: float = 120) -> dict:
+        """`batchinfer serve` on a free port with an API key: the env a CLI needs to submit through it."""
+        import httpx
+
+        made = self.cli("keys", "create", "--name", "faults", "--json")
+        assert made.returncode == 0, made.stderr
+        port = free_port()
+        self.procs["api"] = self.start_cli("api", "serve", "--port", str(port))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: self.procs["api"].poll() is None and httpx.get(f"{url}/health").status_code == 200,
+                 timeout, f"the API server:\n{self.log_tail('api')}")
+        return {"BATCHINFER_API_URL": url, "BATCHINFER_API_KEY": json.loads(made.stdout)["key"]}
+
     def cli(self, *args: str, timeout: float = 180):
         """`batchinfer ARGS` as an operator runs it against this cluster (completed process, text output)."""
         from cli_helpers import batchinfer
@@ -301,6 +314,12 @@ class FaultCluster:
                 return session.scalar(select(Job.id).where(Job.status == "validating",
                                                            exists().where(Request.job_id == Job.id)).limit(1))
         return wait_for(underway, timeout, "a validation with its first rows committed", every=0.02)
+
+    def generating_s(self, since: float) -> float:
+        """Seconds units spent running (their last attempt) after `since`: what of a recovery time is the
+        work that was left, not the recovery."""
+        return round(sum(u.finished_at - max(u.started_at, since) for u in self.units()
+                         if u.finished_at and u.started_at and u.finished_at > since), 2)
 
     def job(self, job_id: str):
         from batchinfer.jobs import service
