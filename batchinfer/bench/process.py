@@ -2,7 +2,7 @@
 
 `batchinfer run FILE` against a llama.cpp process (batchinfer.bench.llamacpp_process) on the same GGUF,
 in its three ways. Per process: wall time and peak RSS (the child's own VmHWM).
-The suite is issue 12's table; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
+The suite is the whole-process table of docs/benchmarks.md; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
 """
 from __future__ import annotations
 
