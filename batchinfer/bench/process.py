@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -64,7 +65,7 @@ def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
         return result
 
 
-def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, object]:
+def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, resource.struct_rusage]:
     """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
