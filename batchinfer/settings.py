@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     webhook_max_backoff_s: float = 3600.0
     webhook_max_age_s: float = 86400.0  # an event not acknowledged within this is given up
     webhook_poll_s: float = 2.0  # how often a worker delivers what is due
-    validation_stale_s: float = 900.0  # a batch `validating` this long (its validation lost) is validated by the sweep
+    validation_stale_s: float = 60.0  # a batch `validating` with no progress this long (its validation lost) is validated again
     max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
     api_key: str | None = None  # the CLI's key for api_url

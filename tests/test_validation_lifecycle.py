@@ -123,3 +123,19 @@ def test_a_revalidation_that_cannot_succeed_fails_the_job_naming_the_cause(make_
     assert lifecycle.revalidate_job(ctx, job.id) == "failed"
     message = service.get(ctx, job.id).errors[0]["message"]
     assert message.startswith("validation failed: JSONDecodeError"), message
+
+
+def test_a_long_run_of_invalid_lines_still_renews_the_validation_lease(make_context, monkeypatch):
+    ctx = make_context()
+    monkeypatch.setattr(service, "BEAT_S", 0.0)  # as if each line took the whole beat interval
+    data = "{bad\n" * 20 + chat_line("ok", "q", max_tokens=1) + "\n"
+    job = service.create_job(ctx, source=io.BytesIO(data.encode()), skip_invalid=True)
+    real_commit, beats = service._commit_requests, []
+
+    def counted(*args):
+        beats.append(1)
+        real_commit(*args)
+
+    monkeypatch.setattr(service, "_commit_requests", counted)
+    assert service.validate_job(ctx, job.id).status == "queued"
+    assert len(beats) >= 20  # no valid row to commit through 20 lines, yet each renewed the lease

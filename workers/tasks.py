@@ -5,6 +5,7 @@ import logging
 import time
 from functools import lru_cache
 
+from redis.exceptions import LockError
 from sqlalchemy import update
 
 from batchinfer.context import AppContext
@@ -38,11 +39,23 @@ def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
 
 
 def dispatch_and_send(ctx: AppContext) -> int:
-    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too)."""
-    with registry.dispatch_lock(ctx.settings):
+    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too).
+    A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
+    sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
+    lock = registry.dispatch_lock(ctx.settings)
+    # the holder's incarnation as the token: the sweep leaves a live dispatcher's unsent units alone
+    if not lock.acquire(token=agent.state.incarnation if agent is not None else None):
+        log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
+        return 0
+    try:
         units = dispatch_units(ctx)
         for unit in units:
             run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
+    finally:
+        try:
+            lock.release()
+        except LockError:  # held past its timeout: it has expired by itself
+            pass
     log.info("dispatched %d units", len(units))
     return len(units)
 

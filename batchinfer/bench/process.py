@@ -2,12 +2,13 @@
 
 `batchinfer run FILE` against a llama.cpp process (batchinfer.bench.llamacpp_process) on the same GGUF,
 in its three ways. Per process: wall time and peak RSS (the child's own VmHWM).
-The suite is issue 12's table; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
+The suite is the whole-process table of docs/benchmarks.md; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -64,7 +65,7 @@ def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
         return result
 
 
-def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, object]:
+def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, resource.struct_rusage]:
     """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:

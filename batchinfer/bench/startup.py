@@ -1,4 +1,4 @@
-"""Start-up, measured as a user meets it (issue 12): `batchinfer run` of a one-request file, and a `batchinfer worker`
+"""Start-up, measured as a user meets it: `batchinfer run` of a one-request file, and a `batchinfer worker`
 from spawn until its first unit is done. Per process: wall time, CPU time (user + sys) and peak RSS (VmHWM).
 
 The model cache is warm (the caller's); the database is too: an untimed run (or `db upgrade`) makes it first.

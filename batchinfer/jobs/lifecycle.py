@@ -81,9 +81,12 @@ def validation_lost(ctx: AppContext, job_id: str) -> None:
 def _renew_validation_lease(ctx: AppContext, job_id: str, stale: float, now: float) -> bool:
     """True for the one sweep that takes the job over (two overlapping sweeps hand it on once)."""
     last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
-    return bool(retrying(ctx.sessions, lambda session: session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING, last_progress < stale)
-        .values(validation_heartbeat_at=now)).rowcount))
+
+    def work(session) -> int:
+        return session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING,
+                                                 last_progress < stale).values(validation_heartbeat_at=now)).rowcount
+
+    return bool(retrying(ctx.sessions, work))
 
 
 def revalidate_job(ctx: AppContext, job_id: str) -> str:

@@ -18,6 +18,7 @@ from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
+BEAT_S = 5.0  # a validation renews its lease at least this often, also through a long run of invalid lines
 
 
 def new_job_id() -> str:
@@ -131,6 +132,14 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
     tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
     rows: list[dict] = []
+    beat_at = time.monotonic()
+
+    def commit_when_due() -> None:  # each commit renews the lease and notices a cancel
+        nonlocal beat_at
+        if len(rows) >= INSERT_BATCH or time.monotonic() - beat_at >= BEAT_S:
+            _commit_requests(ctx, job.id, token, rows)
+            beat_at = time.monotonic()
+
     with (ctx.storage.open_read(job.input_key) as source,
           ctx.storage.open_write(keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(keys.job_invalid(job.id)) as invalid):
@@ -138,12 +147,12 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             prepared.write(req.to_json().encode() + b"\n")
             rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id,
                          "status": RequestStatus.PENDING})
-            if len(rows) >= INSERT_BATCH:
-                _commit_requests(ctx, job.id, token, rows)
+            commit_when_due()
 
         def on_invalid(error: LineError) -> None:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
+            commit_when_due()
 
         report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, on_invalid)
         _commit_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job

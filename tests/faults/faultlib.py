@@ -315,6 +315,12 @@ class FaultCluster:
                                                            exists().where(Request.job_id == Job.id)).limit(1))
         return wait_for(underway, timeout, "a validation with its first rows committed", every=0.02)
 
+    def generating_s(self, since: float) -> float:
+        """Seconds units spent running (their last attempt) after `since`: what of a recovery time is the
+        work that was left, not the recovery."""
+        return round(sum(u.finished_at - max(u.started_at, since) for u in self.units()
+                         if u.finished_at and u.started_at and u.finished_at > since), 2)
+
     def job(self, job_id: str):
         from batchinfer.jobs import service
 
