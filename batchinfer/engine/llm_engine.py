@@ -138,6 +138,9 @@ class LLMEngine:
                 seq.last_token_time = t
 
     def _result(self, seq: Sequence) -> GenerationResult:
+        # Finished in this step (Scheduler.postprocess): scheduled, sampled, so the reason and every time are set.
+        assert seq.finish_reason is not None and seq.first_scheduled_time is not None
+        assert seq.first_token_time is not None and seq.last_token_time is not None
         self.seqs.pop(seq.request_id, None)
         self.runner.sampler.remove(seq.request_id)
         return GenerationResult(

@@ -55,11 +55,13 @@ def unit_figures(ctx: AppContext, job_id: str) -> list[UnitFigures]:
     """Per unit of this job: its requests, how many finished, and their prompt and cached tokens (the counts
     stored on the request rows at commit, summed in SQL)."""
     with ctx.sessions() as session:
-        counts = session.execute(
+        rows = session.execute(
             select(Request.unit_id, Request.status, func.count(), func.sum(Request.prompt_tokens),
                    func.sum(Request.cached_tokens))
             .where(Request.job_id == job_id, Request.unit_id.is_not(None))
             .group_by(Request.unit_id, Request.status)).all()
+        # The WHERE already drops unplanned requests; the comprehension narrows unit_id to str for mypy.
+        counts = [(u, status, n, prompt, cached) for u, status, n, prompt, cached in rows if u is not None]
         unit_ids = sorted({row[0] for row in counts})
         units = {u.id: u for u in session.scalars(select(WorkUnit).where(WorkUnit.id.in_(unit_ids)))} if unit_ids else {}
     per_unit: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])

@@ -69,6 +69,7 @@ class HFGenerator:
             if len(tokens) >= sp.max_tokens:
                 break
             out = self.model(input_ids=torch.tensor([[token]]), use_cache=True, **_cache_kwargs(out))
+        assert req.arrival_time is not None, "generate() stamps every request"
         return GenerationResult(req.request_id, tokens, text, finish, len(req.prompt_token_ids), 0,
                                 req.arrival_time, scheduled, first, last)
 
