@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
-    kv_block_size: int | None = None  # tokens per KV block (the planner shares prefixes in whole blocks); None: the engine's
+    kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
     max_requests_per_file: int = 50_000
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     webhook_max_backoff_s: float = 3600.0
     webhook_max_age_s: float = 86400.0  # an event not acknowledged within this is given up
     webhook_poll_s: float = 2.0  # how often a worker delivers what is due
-    validation_stale_s: float = 900.0  # a batch `validating` this long (its validation lost) is validated by the sweep
+    validation_stale_s: float = 60.0  # a batch `validating` with no progress this long (its validation lost) is validated again
     max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
     api_key: str | None = None  # the CLI's key for api_url
@@ -76,18 +76,11 @@ class Settings(BaseSettings):
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
-                     "max_active_batches_per_owner")
+                     "max_active_batches_per_owner", "kv_block_size")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
-        return value
-
-    @field_validator("kv_block_size")
-    @classmethod
-    def _block_size(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"BATCHINFER_KV_BLOCK_SIZE must be >= 1, got {value}")
         return value
 
     @field_validator("dtype")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama-cpp-python from source for the benchmark's llama.cpp systems.
-# GGML_NATIVE=OFF with AMX off: llama.cpp's AMX path segfaults on batched prompts in our VMs
-# (issue 12). The AVX-512 family is switched on only where /proc/cpuinfo lists it.
+# GGML_NATIVE=OFF with AMX off: llama.cpp's AMX path segfaults on batched prompts in our VMs.
+# The AVX-512 family is switched on only where /proc/cpuinfo lists it.
 set -euo pipefail
 PIP="${PIP:-python3 -m pip}"
 flags=$(grep -m1 '^flags' /proc/cpuinfo || true)

@@ -99,6 +99,9 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     grow = "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('{\"output_tokens\": 3}')"
     result = timed([sys.executable, "-c", grow], env=None, timeout_s=60)
     assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
+    busy = timed([sys.executable, "-c", spin], env=None, timeout_s=60)
+    assert 0.4 <= busy["cpu_s"] <= busy["wall_s"] + 0.05  # the child's own user + sys time, one thread
     workload = build("shared-prefix", tokenizer, requests=2, max_tokens=3, shared_tokens=80)
     request_file(workload, tmp_path / "r.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
@@ -120,3 +123,13 @@ def test_grouping_bench_gives_each_worker_exactly_the_kv_tokens_asked_for(model_
     settings = settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes_for(settings, 2048)})
     engine = LLMEngine.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))
     assert engine.block_manager.num_blocks * engine.config.block_size == 2048
+
+
+def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
+    from batchinfer.bench.startup import run_start_up, summary
+
+    rows = run_start_up(tmp_path, repeat=1)
+    assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
+    assert rows[0]["cpu_s"] > 0.3 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
+    figures = summary(rows + [{"rc": 1, "wall_s": None}])
+    assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]

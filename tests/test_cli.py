@@ -183,3 +183,20 @@ def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(
     assert [(e["custom_id"], e["error"]["line"], e["error"]["param"]) for e in errors] == [
         (None, 2, "custom_id"), (None, 3, "custom_id"), ("seed", 4, "body.seed"), ("huge", 5, "body.temperature")]
     assert _longest_run(errs.read_text(), "x") <= 200 and _longest_run(errs.read_text(), "i") <= 200
+
+
+def test_download_errors_of_a_job_that_failed_validation_writes_its_error_file(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "hi"), "{nope", completion_line("good", "again")])
+    failed = batchinfer(env, "submit", src, "--json")
+    assert failed.returncode == 2
+    job_id = json.loads(failed.stdout)["id"]
+    out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
+    result = batchinfer(env, "download", job_id, "-o", str(out), "--errors", str(errs))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: job {job_id} has no output file; wrote its error file to {errs}"
+    lines = [json.loads(line) for line in errs.read_text().splitlines()]
+    assert [(e["error"]["line"], e["error"]["code"], e["custom_id"]) for e in lines] == [
+        (2, "invalid_json_line", None), (3, "duplicate_custom_id", "good")]
+    assert not out.exists()  # nothing ran: no results file, rather than an empty one that looks like success
+    status = json.loads(batchinfer(env, "status", job_id, "--json").stdout)
+    assert status["error_file_id"] is not None and status["output_file_id"] is None

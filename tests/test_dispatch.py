@@ -57,4 +57,5 @@ def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
 
     ctx = make_context(kv_block_size=32)
     assert planner_config(ctx).block_size == engine_config(ctx.settings).block_size == 32
-    assert planner_config(make_context()).block_size == EngineConfig().block_size
+    default = make_context()
+    assert planner_config(default).block_size == engine_config(default.settings).block_size == EngineConfig().block_size

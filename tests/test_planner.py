@@ -246,26 +246,26 @@ def test_groups_of_a_quarter_unit_or_more_get_units_of_their_own_evenly_sized():
 
 
 def test_a_job_submitted_later_overtakes_the_queued_units_of_a_big_job():
-    from batchinfer.planner.fairness import service_priorities
+    from batchinfer.planner.fairness import service_levels
 
     rng = random.Random(16)
     big = [PendingRequest("big", i, tokens(rng, 40), 8, 0, 0.0) for i in range(200)]
     first_round = plan_units(big, PlannerConfig(max_requests_per_unit=10, block_size=BS))
-    big_priorities = service_priorities(first_round, {})
-    assert big_priorities[0] == 0 and big_priorities[-1] == 9
+    big_priorities = service_levels(first_round, {})
+    assert big_priorities[0] == 0 and big_priorities[-1] == 3
     assert big_priorities == sorted(big_priorities)  # its own units keep their order
     small = [PendingRequest("small", i, tokens(rng, 40), 8, 0, 60.0) for i in range(30)]
     second_round = plan_units(small, PlannerConfig(max_requests_per_unit=10, block_size=BS))
-    small_priorities = service_priorities(second_round, {"big": len(first_round)})
-    assert small_priorities == [0, 3, 3]  # ahead of the big job's 9s still queued
-    urgent = service_priorities(first_round[5:6], {"big": 20}, {"big": 2})
-    assert urgent == [3]  # two priority levels up from 9
+    small_priorities = service_levels(second_round, {"big": len(first_round)})
+    assert small_priorities == [0, 1, 1]  # ahead of the big job's 3s still queued
+    urgent = service_levels(first_round[5:6], {"big": 20}, {"big": 2})
+    assert urgent == [1]  # two priority levels up from 3
 
 
 def test_a_unit_shared_by_jobs_runs_as_early_as_its_least_served_job():
-    from batchinfer.planner.fairness import service_priorities
+    from batchinfer.planner.fairness import service_levels
 
     shared = tuple(range(100, 100 + 8 * BS))
     mixed = [PendingRequest("old", 0, shared + (1,), 4), PendingRequest("new", 0, shared + (2,), 4)]
     units = plan_units(mixed, PlannerConfig(block_size=BS))
-    assert len(units) == 1 and service_priorities(units, {"old": 50, "new": 0}) == [0]
+    assert len(units) == 1 and service_levels(units, {"old": 50, "new": 0}) == [0]

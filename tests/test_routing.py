@@ -216,3 +216,12 @@ def test_queued_unit_ids_reads_unit_ids_from_celery_messages(registry):
     push(registry, SHARED_QUEUE, message.replace("unit_abc", "unit_def"), priority=3)
     push(registry, SHARED_QUEUE, "not json")
     assert registry.queued_unit_ids() == {"unit_abc", "unit_def"}
+
+
+def test_each_service_level_gets_its_own_broker_priority_step_in_order():
+    from batchinfer.cluster.broker import broker_priority
+    from batchinfer.planner.fairness import SERVICE_LEVELS
+
+    # kombu's Redis transport serves the lists of steps 0, 3, 6, 9 in that order; priorities between steps
+    # would share a list, so each level must land on a step of its own.
+    assert [broker_priority(level) for level in range(SERVICE_LEVELS)] == [0, 3, 6, 9]

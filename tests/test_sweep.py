@@ -140,3 +140,25 @@ def test_an_overdue_job_is_expired_by_the_sweep(setup):
     assert service.get(ctx, job.id).status == JobStatus.EXPIRED
     with ctx.sessions() as session:
         assert session.scalar(select(Request.status).where(Request.job_id == job.id)) == "expired"
+
+
+def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_sweep(make_context, redis_server,
+                                                                                  monkeypatch):
+    """50 submits at once kept one dispatcher planning past the others' lock wait; each waiter then raised
+    LockError with a traceback. Now it skips: the holder plans what is pending, the sweep the rest."""
+    from workers import registry, tasks
+
+    ctx = make_context(broker_url=f"{redis_server}/0", broker_prefix=f"lock-{uuid.uuid4().hex[:8]}:")
+    job = submit_lines(ctx, [completion_line("a", "x")])
+    holder = registry.dispatch_lock(ctx.settings)
+    assert holder.acquire(blocking=False)
+    name = holder.name
+    # the real lock and Redis; only the wait is shortened from 120 s
+    monkeypatch.setattr(registry, "dispatch_lock",
+                        lambda settings: registry.client(settings).lock(name, timeout=600, blocking_timeout=0.2))
+    try:
+        assert tasks.dispatch_and_send(ctx) == 0
+    finally:
+        holder.release()
+    with ctx.sessions() as session:
+        assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"pending"}

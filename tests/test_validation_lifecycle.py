@@ -85,7 +85,7 @@ def test_a_superseded_validation_run_stops_and_the_newer_one_decides(make_contex
 def test_the_sweep_fails_a_job_whose_input_never_arrived(make_context):
     ctx = make_context(validation_stale_s=0.0)
     job = service.create_job(ctx, filename="lost.jsonl")  # a submit killed before its upload finished
-    assert lifecycle.recover_validating(ctx, job.created_at + 1) == []
+    assert lifecycle.recover_validating(ctx, job.created_at + 1) == [job.id]
     failed = service.get(ctx, job.id)
     assert failed.status == "failed" and "never stored" in failed.errors[0]["message"]
 
@@ -101,3 +101,41 @@ def test_the_sweep_leaves_a_validation_that_makes_progress(make_context):
     assert service.get(ctx, job.id).status == "validating"
     assert lifecycle.recover_validating(ctx, job.created_at + 61) == [job.id]
     assert service.get(ctx, job.id).status == "queued"
+
+
+def test_the_sweep_hands_a_stale_validation_to_a_worker_once(make_context):
+    ctx = make_context(validation_stale_s=60.0)
+    job = service.create_job(ctx, source=_input(3))
+    handed: list[str] = []
+    later = job.created_at + 61
+    assert lifecycle.recover_validating(ctx, later, handed.append) == [job.id]
+    assert lifecycle.recover_validating(ctx, later + 30, handed.append) == []  # its lease was renewed
+    assert handed == [job.id] and service.get(ctx, job.id).status == "validating"
+    assert lifecycle.revalidate_job(ctx, job.id) == "queued"  # what the worker's validate_job task runs
+
+
+def test_a_revalidation_that_cannot_succeed_fails_the_job_naming_the_cause(make_context, tmp_path):
+    broken = tmp_path / "broken-model"  # a model folder whose config cannot be read: no retry would help
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    ctx = make_context(model=str(broken))
+    job = service.create_job(ctx, source=_input(2))
+    assert lifecycle.revalidate_job(ctx, job.id) == "failed"
+    message = service.get(ctx, job.id).errors[0]["message"]
+    assert message.startswith("validation failed: JSONDecodeError"), message
+
+
+def test_a_long_run_of_invalid_lines_still_renews_the_validation_lease(make_context, monkeypatch):
+    ctx = make_context()
+    monkeypatch.setattr(service, "BEAT_S", 0.0)  # as if each line took the whole beat interval
+    data = "{bad\n" * 20 + chat_line("ok", "q", max_tokens=1) + "\n"
+    job = service.create_job(ctx, source=io.BytesIO(data.encode()), skip_invalid=True)
+    real_commit, beats = service._commit_requests, []
+
+    def counted(*args):
+        beats.append(1)
+        real_commit(*args)
+
+    monkeypatch.setattr(service, "_commit_requests", counted)
+    assert service.validate_job(ctx, job.id).status == "queued"
+    assert len(beats) >= 20  # no valid row to commit through 20 lines, yet each renewed the lease

@@ -6,6 +6,7 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from redis.exceptions import LockError
 from sqlalchemy import update
 
 from batchinfer.context import AppContext
@@ -43,11 +44,22 @@ def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
 
 
 def dispatch_and_send(ctx: AppContext) -> int:
-    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too)."""
-    with registry.dispatch_lock(ctx.settings):
+    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too).
+    A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
+    sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
+    lock = registry.dispatch_lock(ctx.settings)
+    if not lock.acquire():
+        log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
+        return 0
+    try:
         units = dispatch_units(ctx)
         for unit in units:
             run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
+    finally:
+        try:
+            lock.release()
+        except LockError:  # held past its timeout: it has expired by itself
+            pass
     log.info("dispatched %d units", len(units))
     return len(units)
 
@@ -105,7 +117,8 @@ def sweep_hooks(ctx: AppContext) -> SweepHooks:
             last = unit.last_error if unit is not None else None
         return fail_unit(ctx, unit_id, f"{cause}; last error: {last}" if last else cause).committed
 
-    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx))
+    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx),
+                      revalidate=lambda job_id: validate_job_task.apply_async(args=[job_id], queue=SHARED_QUEUE))
 
 
 def requeue_unit(unit_id: str) -> None:
@@ -125,14 +138,15 @@ ESTIMATE_TASK = "batchinfer.estimate"
 
 @app.task(name=VALIDATE_TASK)
 def validate_job_task(job_id: str) -> str:
-    """Validation off the API's request path: tokenizing needs the model's tokenizer, which workers hold."""
+    """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
+    and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
     from batchinfer.db.models import JobStatus
-    from batchinfer.jobs import service
+    from batchinfer.jobs.lifecycle import revalidate_job
 
-    job = service.validate_job(context(), job_id)
-    if job.status == JobStatus.QUEUED:
+    status = revalidate_job(context(), job_id)
+    if status == JobStatus.QUEUED:
         trigger_dispatch()
-    return job.status
+    return status
 
 
 @app.task(name=ESTIMATE_TASK)

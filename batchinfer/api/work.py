@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
-from batchinfer.jobs import service
+from batchinfer.errors import one_line
+from batchinfer.jobs import lifecycle, service
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +23,9 @@ class WorkQueue:
         self._local = ThreadPoolExecutor(1, thread_name_prefix="batchinfer-embedded") if ctx.settings.embedded else None
 
     def validate(self, job_id: str) -> None:
-        """Queue the validation of a new batch. If the broker is down the batch stays `validating`, and the
-        sweep validates it once a worker sees it stale."""
+        """Queue the validation of a new batch. If the broker is down the batch stays `validating`, marked so
+        that the first sweep once the broker is back validates it (the batch is created: no error, which
+        a client would retry into a second batch)."""
         if self._local is not None:
             self._local.submit(self._validate_and_run, job_id)
             return
@@ -32,7 +34,8 @@ class WorkQueue:
         try:
             validate_job_task.apply_async(args=[job_id])
         except Exception as exc:
-            log.warning("could not queue the validation of %s (%s); the sweep will pick it up", job_id, exc)
+            log.warning("could not queue the validation of %s (%s); the sweep will validate it", job_id, one_line(exc))
+            lifecycle.validation_lost(self.ctx, job_id)
 
     def _validate_and_run(self, job_id: str) -> None:
         from batchinfer.runtime.embedded import run_pending

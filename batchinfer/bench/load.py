@@ -1,4 +1,4 @@
-"""`batchinfer bench-load`: issue 10's load case. J jobs x R requests, each job submitted by its own
+"""`batchinfer bench-load`: the load case. J jobs x R requests, each job submitted by its own
 `batchinfer submit` process, all at once, to N real `batchinfer worker` processes over PostgreSQL, Redis and
 S3; `status` asked throughout; then every job checked (completed, each custom_id exactly once, counts equal
 lines). Reports wall time, throughput, the pipeline's overhead per request (load_checks), peak memory of
@@ -89,13 +89,15 @@ def _measure(options: LoadOptions, cluster: LoadCluster, names: list[str], files
     logs = {f"worker {n}": cluster.worker_log(n) for n in names} | {f"submit {r['file']}": r["stderr"] for r in submit_results}
     checks["tracebacks"] = tracebacks(logs)[:5]
     checks["ok"] = checks["ok"] and not checks["submit_failures"] and not checks["tracebacks"] and final_at is not None
-    wall = (final_at or time.time()) - started
+    checks["timed_out"] = final_at is None
+    final_at = final_at or time.time()
+    wall = final_at - started
     total = options.jobs * options.requests
     return {
         "options": asdict(options), "workers": names, "wall_s": round(wall, 2),
         "requests": total, "requests_per_s": round(total / wall, 1),
         "submit_wall_s": latency_summary([r["wall_s"] for r in submit_results]),
-        "time_split": time_split(cluster.ctx, outputs, options.workers, wall, total),
+        "time_split": time_split(cluster.ctx, outputs, options.workers, started, final_at, total),
         "peak_rss": {"worker": memory.peak_mib("worker:"), "submit": memory.peak_mib("submit:")},
         "status": {**latency_summary(status.status_s), "target_ms": STATUS_TARGET_MS, "errors": status.errors[:5]},
         "list": latency_summary(status.list_s),

@@ -7,6 +7,8 @@ runs from that arrival to the request's last token, so the largest is the engine
                 submit, validation, dispatch, S3, SQL, finalize, and idle waits between them)
   in_unit    = (sum of unit spans - engine time) / requests (a worker inside a unit but outside the engine:
                 claim the rows, read the unit input, write results, commit behind the fence)
+  steady     = (workers x (last job final - first unit start) - engine time) / requests: the same as
+                overhead without the submit phase, when the workers wait for the first validated job
 """
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ def _check_ids(name: str, number: int, requests: int, out: list[dict], err: list
     return problems
 
 
-def time_split(ctx, outputs: dict[str, list[dict]], workers: int, wall_s: float, requests: int) -> dict:
+def time_split(ctx, outputs: dict[str, list[dict]], workers: int, started: float, final_at: float, requests: int) -> dict:
     """Engine time, unit spans and the pipeline's overhead per request (the method: this module's docstring)."""
     with ctx.sessions() as session:
         unit_of = {(j, c): u for j, c, u in session.execute(select(Request.job_id, Request.custom_id, Request.unit_id))}
@@ -106,7 +108,9 @@ def time_split(ctx, outputs: dict[str, list[dict]], workers: int, wall_s: float,
             usage["cached_tokens"] += (body.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     engine_s = sum(engine.values())
     unit_s = sum(f - s for _, s, f, _ in units if s and f)
-    capacity = workers * wall_s
+    capacity = workers * (final_at - started)
+    first_unit = min((s for _, s, _, _ in units if s), default=final_at)
+    steady = workers * (final_at - first_unit)
     per_request = 1000 / max(1, requests)
     return {"units": len(units), "requests_per_unit": round(requests / max(1, len(units)), 1),
             "units_rerun": sum(1 for *_, attempts in units if attempts > 1),
@@ -115,6 +119,8 @@ def time_split(ctx, outputs: dict[str, list[dict]], workers: int, wall_s: float,
             "overhead_ms_per_request": round((capacity - engine_s) * per_request, 3),
             "in_unit_overhead_ms_per_request": round((unit_s - engine_s) * per_request, 3),
             "outside_units_ms_per_request": round((capacity - unit_s) * per_request, 3),
+            "first_unit_after_s": round(first_unit - started, 2),
+            "steady_overhead_ms_per_request": round((steady - engine_s) * per_request, 3),
             **dict(usage)}
 
 

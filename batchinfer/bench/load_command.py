@@ -78,6 +78,8 @@ def table(result: dict) -> Table:
         ("pipeline overhead", f"{t['overhead_ms_per_request']:.2f} ms/request (workers x wall - engine)"),
         ("  inside units", f"{t['in_unit_overhead_ms_per_request']:.2f} ms/request (unit spans - engine)"),
         ("  outside units", f"{t['outside_units_ms_per_request']:.2f} ms/request (workers x wall - unit spans)"),
+        ("  after the first unit", f"{t['steady_overhead_ms_per_request']:.2f} ms/request (first unit started "
+                                   f"{t['first_unit_after_s']:.0f} s after the first submit)"),
         ("peak RSS worker", f"{peak['worker'].get('max_mib', 0):.0f} MiB max of {peak['worker']['processes']}"),
         ("peak RSS submit", f"{peak['submit'].get('max_mib', 0):.0f} MiB max, {peak['submit'].get('mean_mib', 0):.0f} mean "
                             f"of {peak['submit']['processes']}"),

@@ -114,9 +114,9 @@ class StatusProbe(_Loop):
 class CliStatusProbe(_Loop):
     """`batchinfer status ID --json` as a user runs it, every `every` seconds (process start-up included)."""
 
-    def __init__(self, env: dict, job_ids, every: float = 15.0):
+    def __init__(self, env: dict, job_ids, every: float = 30.0, timeout_s: float = 600.0):
         super().__init__(every)
-        self.env, self.job_ids = env, job_ids
+        self.env, self.job_ids, self.timeout_s = env, job_ids, timeout_s
         self.wall_s: list[float] = []
         self.errors: list[str] = []
 
@@ -125,8 +125,13 @@ class CliStatusProbe(_Loop):
         if not ids:
             return
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "batchinfer.cli", "status", random.choice(ids), "--json"],
-                              env=self.env, capture_output=True, text=True, timeout=300)
+        try:
+            done = subprocess.run([sys.executable, "-m", "batchinfer.cli", "status", random.choice(ids), "--json"],
+                                  env=self.env, capture_output=True, text=True, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            self.wall_s.append(time.perf_counter() - started)
+            self.errors.append(f"timed out after {self.timeout_s:.0f} s")
+            return
         self.wall_s.append(time.perf_counter() - started)
         if done.returncode not in (0, 1):  # 1: a failed job, which the checks report
             self.errors.append(done.stderr.strip()[-300:])

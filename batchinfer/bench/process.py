@@ -2,12 +2,13 @@
 
 `batchinfer run FILE` against a llama.cpp process (batchinfer.bench.llamacpp_process) on the same GGUF,
 in its three ways. Per process: wall time and peak RSS (the child's own VmHWM).
-The suite is issue 12's table; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
+The suite is the whole-process table of docs/benchmarks.md; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
 """
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -39,37 +40,40 @@ def request_file(workload: Workload, path: Path) -> None:
 
 
 def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
-    """Run one process; wall time and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's
-    ru_maxrss: on Linux a forked child starts with its parent's high-water mark, so a big parent inflates it."""
+    """Run one process; wall time, CPU time (user + sys, from wait4: it moves less than wall time on a shared
+    machine) and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's ru_maxrss: on Linux a
+    forked child starts with its parent's high-water mark, so a big parent inflates it."""
     start = time.time()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
         try:
-            status, peak_kib = _wait4(proc, timeout_s)
+            status, peak_kib, usage = _wait4(proc, timeout_s)
         except TimeoutError:
             proc.kill()
             proc.wait()
-            return {"wall_s": None, "max_rss_mib": None, "rc": None, "error": f"timed out after {timeout_s:.0f} s"}
+            return {"wall_s": None, "cpu_s": None, "max_rss_mib": None, "rc": None,
+                    "error": f"timed out after {timeout_s:.0f} s"}
         wall = time.time() - start
         out.seek(0)
         err.seek(0)
         rc = os.waitstatus_to_exitcode(status)
-        result = {"wall_s": round(wall, 3), "max_rss_mib": round(peak_kib / 1024, 1), "rc": rc,
+        result = {"wall_s": round(wall, 3), "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                  "max_rss_mib": round(peak_kib / 1024, 1), "rc": rc,
                   "stdout": out.read().decode(errors="replace")[-2000:]}
         if rc != 0:
             result["error"] = err.read().decode(errors="replace")[-600:]
         return result
 
 
-def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int]:
-    """(wait status, peak VmHWM in KiB) once the process exits, VmHWM sampled while it runs."""
+def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, resource.struct_rusage]:
+    """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
         peak = max(peak, hwm_kib(proc.pid))
-        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, peak
+            return status, peak, usage
         time.sleep(0.01)
     raise TimeoutError
 
@@ -145,4 +149,5 @@ def _cell(row: dict | None) -> str:
         return "-"
     if row.get("error") or row["wall_s"] is None:
         return f"failed ({(row.get('error') or '').strip().splitlines()[-1][:60] if row.get('error') else 'rc'})"
-    return f"{row['wall_s']:.2f} s, {row['max_rss_mib']:.0f} MiB"
+    cpu = f" ({row['cpu_s']:.1f} s CPU)" if row.get("cpu_s") is not None else ""
+    return f"{row['wall_s']:.2f} s{cpu}, {row['max_rss_mib']:.0f} MiB"

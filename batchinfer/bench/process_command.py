@@ -1,4 +1,4 @@
-"""The `batchinfer bench-process` command: issue 12's whole-process table on this machine."""
+"""The `batchinfer bench-process` command: the whole-process table on this machine."""
 from __future__ import annotations
 
 import json

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-# The targets: the engine's throughput over llama.cpp's on the same workload.
+# The speed targets: the engine's throughput over llama.cpp's on the same workload.
 TARGET_SPEEDUP = {"shared-prefix": 2.5, "three-documents": 2.5, "no-sharing": 2.5, "long-decode": 2.5}
 BASELINE = "llamacpp"
 

@@ -84,7 +84,7 @@ class SeaweedS3:
         self.args = [weed, "server", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-master.port={master}",
                      f"-volume.port={volume}", "-filer", f"-filer.port={filer}", "-s3", f"-s3.port={s3}",
                      f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=32",
-                     "-master.volumeSizeLimitMB=64"]
+                     "-master.volumeSizeLimitMB=64", "-master.electionTimeout=1s"]
         self.env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3}", "AWS_ACCESS_KEY_ID": S3_KEY,
                     "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
         self.start(timeout)

@@ -32,8 +32,9 @@ db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys for `batchinfer serve` (one per tenant).")
 app.add_typer(keys_app, name="keys")
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
+# No emoji codes: ':smile:' in a custom_id or a file name prints as typed (markup is off per call, or Text).
+out = Console(emoji=False)
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 EXIT_INVALID_INPUT = 2
 
 
@@ -53,8 +54,8 @@ def friendly_errors(command):
         except BatchInferError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
+        except KeyboardInterrupt as exc:
+            err.print(f"interrupted: {exc}" if str(exc) else "interrupted", markup=False, highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
             err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)
@@ -153,7 +154,7 @@ def _report_invalid_batch(batch: dict, as_json: bool) -> None:
         count = errors.get("count", len(errors["data"]))
         if count > len(errors["data"]):
             err.print(f"error: ... and {count - len(errors['data'])} more")
-        err.print(f"job {batch['id']} failed validation: {count} error(s), nothing ran")
+        err.print(f"job {batch['id']} failed validation: {count} error(s), nothing ran", markup=False, highlight=False)
     raise typer.Exit(EXIT_INVALID_INPUT)
 
 
@@ -195,7 +196,9 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
         job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json)
-    if ctx.settings.embedded:
+    if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        err.print(f"job {job.id} was cancelled while it validated: nothing of it runs", markup=False, highlight=False)
+    elif ctx.settings.embedded:
         _run_in_process(ctx, job, quiet=as_json)
     else:
         _dispatch_soon(job.id)
@@ -350,11 +353,13 @@ def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", hel
     else:
         ctx = _context()
         fetch = functools.partial(service.download, ctx, job_id)
-    if not _write_atomically(output, fetch):
-        raise BatchInferError(f"job {job_id} has no output file")
+    has_output = _write_atomically(output, fetch)
     if errors is not None and not _write_atomically(errors, functools.partial(fetch, errors=True)):
         errors.unlink(missing_ok=True)
         errors.touch()  # asked for: an empty error file says there were no errors
+    if not has_output:  # a job that failed validation: nothing ran, its bad lines are its error file
+        hint = f"; wrote its error file to {errors}" if errors is not None else "; --errors FILE writes its error file"
+        raise BatchInferError(f"job {job_id} has no output file{hint}")
     err.print(f"wrote {output}" + (f" and {errors}" if errors else ""), markup=False, highlight=False)
 
 
@@ -396,7 +401,8 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
     if errors is not None:
         with open(errors, "wb") as target:
             service.download(ctx, job.id, target, errors=True)
-    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed -> {output}")
+    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed -> {output}", markup=False,
+              highlight=False)
     if job.status != JobStatus.COMPLETED:
         raise typer.Exit(1)
 
@@ -486,7 +492,7 @@ def db_upgrade(revision: str = typer.Argument("head")):
 
     url = get_settings().resolved_database_url
     upgrade(url, revision)
-    err.print(f"database at {revision}: {url.split('@')[-1]}")
+    err.print(f"database at {revision}: {url.split('@')[-1]}", markup=False, highlight=False)
 
 
 # The bench commands register last: they import this module's app.
@@ -495,11 +501,13 @@ from batchinfer.bench.command import bench  # noqa: E402
 from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
 from batchinfer.bench.load_command import bench_load_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
+from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
 app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
+app.command("bench-startup")(bench_startup_command)
 app.command("bench-load")(bench_load_command)
 
 

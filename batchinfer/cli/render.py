@@ -4,8 +4,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from rich import box
-from rich.markup import escape
 from rich.table import Column, Table
+from rich.text import Text
 
 from batchinfer.cluster.registry import WorkerState
 from batchinfer.errors import excerpt
@@ -15,6 +15,11 @@ from batchinfer.settings import Settings
 
 TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
+
+
+def literal(value) -> Text:
+    """User text (ids, names, metadata, messages) as rich prints it verbatim: never markup, never an emoji code."""
+    return Text(str(value))
 
 
 def _when(value: int | None, zone: bool = True) -> str:
@@ -29,26 +34,28 @@ def hit_rate(batch: dict) -> float:
 
 
 def job_table(batch: dict) -> Table:
-    """A Batch object (jobs.batch_view) for people. User text is escaped: it is data, never markup."""
+    """A Batch object (jobs.batch_view) for people. User text is data, never markup."""
     table = Table(show_header=False, box=None)
     counts, usage = batch["request_counts"], batch["usage"]
-    table.add_row("id", batch["id"])
-    table.add_row("status", f"[bold]{batch['status']}[/bold]")
-    table.add_row("model", escape(batch["model"] or ""))
+    table.add_row("id", literal(batch["id"]))
+    table.add_row("status", Text(str(batch["status"]), style="bold"))
+    table.add_row("model", literal(batch["model"] or ""))
     table.add_row("requests", f"{counts['completed']} completed, {counts['failed']} failed, {counts['total']} total")
     table.add_row("tokens", f"{usage['input_tokens']} prompt ({usage['input_tokens_details']['cached_tokens']} cached, "
                             f"hit rate {hit_rate(batch):.1%}), {usage['output_tokens']} completion")
+    if batch.get("input_filename"):
+        table.add_row("input file", literal(excerpt(batch["input_filename"])))
     if batch["metadata"]:
-        table.add_row("metadata", escape(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
+        table.add_row("metadata", literal(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
     for name in TIMESTAMPS:
         if batch.get(name):
             table.add_row(name.removesuffix("_at").replace("_", " "), _when(batch[name]))
     errors = batch["errors"]
     if errors:
         count = errors.get("count", len(errors["data"]))
-        shown = "\n".join(escape(error_line(e)) for e in errors["data"][:20])
+        shown = "\n".join(error_line(e) for e in errors["data"][:20])
         more = f"\n... and {count - 20} more" if count > 20 else ""
-        table.add_row("errors", f"{count}\n{shown}{more}")
+        table.add_row("errors", literal(f"{count}\n{shown}{more}"))
     return table
 
 
@@ -79,7 +86,7 @@ def jobs_table(batches: list[dict]) -> Table:
                         _count("failed"), _count("total"), Column("created (UTC)", min_width=10))
     for b in batches:
         c = b["request_counts"]
-        table.add_row(b["id"], b["status"], str(c["completed"]), str(c["failed"]), str(c["total"]),
+        table.add_row(literal(b["id"]), literal(b["status"]), str(c["completed"]), str(c["failed"]), str(c["total"]),
                       _when(b["created_at"], zone=False))
     return table
 
@@ -107,8 +114,8 @@ def known_workers(settings: Settings) -> list[WorkerState]:
 
 
 def groups_table(groups: list[GroupFigures]):
-    rows = [(g.prefix_key, str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
-             f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", ", ".join(g.workers) or "-") for g in groups]
+    rows = [(literal(g.prefix_key), str(g.shared_prefix_len), f"{g.done}/{g.requests}", f"{g.units_done}/{g.units}",
+             f"{g.cached_tokens}/{g.prompt_tokens}", f"{g.hit_rate:.1%}", literal(", ".join(g.workers) or "-")) for g in groups]
     headers = ("shared tokens", "requests", "units", "cached / prompt tokens", "hit rate")
     # A figure is never folded: its column is at least as wide as its widest value; headers wrap instead.
     figures = [Column(h, min_width=max((len(row[i + 1]) for row in rows), default=0)) for i, h in enumerate(headers)]
@@ -127,5 +134,5 @@ def groups_table_of(groups: list[dict]) -> Table:
 def keys_table(rows: list[dict]) -> Table:
     table = _rows_table(_folding("id"), _folding("name"), _folding("created"), _folding("revoked"))
     for row in rows:
-        table.add_row(row["id"], escape(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
+        table.add_row(literal(row["id"]), literal(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
     return table

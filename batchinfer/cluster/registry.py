@@ -12,14 +12,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from batchinfer.planner.fairness import PRIORITY_STEPS
+from batchinfer.cluster.broker import priority_list_keys
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, worker_queue
 
 if TYPE_CHECKING:
     import redis
 
 MAX_PREFIX_KEYS = 32
-KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu.transport.redis.Channel.sep
 
 
 @dataclass
@@ -93,7 +92,7 @@ class WorkerRegistry:
 
     def _priority_keys(self, queue: str) -> list[str]:
         """The broker's lists of a queue, served first to last (kombu: one list per priority step)."""
-        return [self._list_key(queue) + (f"{KOMBU_PRIORITY_SEP}{step}" if step else "") for step in PRIORITY_STEPS]
+        return priority_list_keys(self._list_key(queue))
 
     def queue_depth(self, queue: str) -> int:
         pipe = self.conn.pipeline()

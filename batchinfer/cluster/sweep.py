@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SweepHooks:
-    """What the sweep cannot do from this layer: send a unit, fail one for good, dispatch pending work."""
+    """What the sweep cannot do from this layer: send a unit, fail one for good, dispatch pending work, and
+    validate a job again on a worker (None: in the sweep itself)."""
     requeue: Callable[[str], None]
     fail: Callable[[str, str], object]
     dispatch: Callable[[], object]
+    revalidate: Callable[[str], object] | None = None
 
 
 @dataclass
@@ -73,7 +75,7 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
     if _undispatched(ctx, now):
         hooks.dispatch()
         done.dispatched = True
-    done.jobs = lifecycle.sweep_jobs(ctx, now)
+    done.jobs = lifecycle.sweep_jobs(ctx, now, hooks.revalidate)
     if done.rerun or done.resent or done.failed:
         log.warning("sweep: %d units rerun, %d sent again, %d failed for good", len(done.rerun), len(done.resent),
                     len(done.failed))

@@ -30,7 +30,7 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.stop_checker = StopChecker(self.tokenizer, _eos_ids(loaded), self.max_model_len)
+        self.stop_checker = StopChecker(self.tokenizer, eos_token_ids(loaded), self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
 
     @classmethod
@@ -138,26 +138,32 @@ class LLMEngine:
                 seq.last_token_time = t
 
     def _result(self, seq: Sequence) -> GenerationResult:
-        # Finished in this step (Scheduler.postprocess): scheduled, sampled, so the reason and every time are set.
-        assert seq.finish_reason is not None and seq.first_scheduled_time is not None
-        assert seq.first_token_time is not None and seq.last_token_time is not None
         self.seqs.pop(seq.request_id, None)
         self.runner.sampler.remove(seq.request_id)
-        return GenerationResult(
-            request_id=seq.request_id,
-            output_token_ids=seq.output_token_ids,
-            text=self.stop_checker.final_text(seq),
-            finish_reason=seq.finish_reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=seq.num_cached_tokens or 0,
-            arrival_time=seq.arrival_time,
-            first_scheduled_time=seq.first_scheduled_time,
-            first_token_time=seq.first_token_time,
-            last_token_time=seq.last_token_time,
-        )
+        return sequence_result(seq, self.stop_checker)
 
 
-def _eos_ids(loaded: LoadedModel) -> set[int]:
+def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult:
+    """What a finished sequence reports (the transformers reference path reports the same way)."""
+    # Finished means scheduled and sampled at least once: the reason and every time are set.
+    assert seq.finish_reason is not None and seq.first_scheduled_time is not None
+    assert seq.first_token_time is not None and seq.last_token_time is not None
+    return GenerationResult(
+        request_id=seq.request_id,
+        output_token_ids=seq.output_token_ids,
+        text=stop_checker.final_text(seq),
+        finish_reason=seq.finish_reason,
+        prompt_tokens=seq.num_prompt_tokens,
+        cached_tokens=seq.num_cached_tokens or 0,
+        arrival_time=seq.arrival_time,
+        first_scheduled_time=seq.first_scheduled_time,
+        first_token_time=seq.first_token_time,
+        last_token_time=seq.last_token_time,
+    )
+
+
+def eos_token_ids(loaded: LoadedModel) -> set[int]:
+    """Every id that ends a sequence: the model config's, the generation config's and the tokenizer's."""
     ids: set[int] = set()
     for source in (loaded.hf_model.config, getattr(loaded.hf_model, "generation_config", None)):
         eos = getattr(source, "eos_token_id", None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -79,10 +81,22 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     config = AutoConfig.for_model(**config_dict)
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantized.state_dict())
-    tmp = target.with_suffix(".tmp")
+    # A folder of this process's own: two processes converting at once (a cold cache, several workers)
+    # must not write into one shared ".tmp" folder.
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, target)
+    publish_dir(tmp, target)
+
+
+def publish_dir(tmp: Path, target: Path) -> None:
+    """Rename a finished folder into place; when another process got there first, keep its copy."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        if not target.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:

@@ -20,7 +20,7 @@ Role = Literal["system", "user", "assistant", "developer"]
 ROLES = get_args(Role)
 MAX_STOP = 4
 CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # what torch.Generator.manual_seed and a BIGINT hold
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # signed 64 bits: torch.Generator.manual_seed takes it, and a BIGINT holds it
 
 
 def _unicode(text: str) -> str:

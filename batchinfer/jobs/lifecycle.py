@@ -10,13 +10,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 from sqlalchemy import exists, func, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
-from batchinfer.db.session import retrying
-from batchinfer.errors import excerpt
+from batchinfer.db.session import is_transient, retrying
+from batchinfer.errors import excerpt, one_line
 from batchinfer.jobs.assembly import assemble
 from batchinfer.jobs.webhook_events import record_final
 
@@ -35,11 +36,12 @@ class JobSweep:
     revalidated: list[str] = field(default_factory=list)
 
 
-def sweep_jobs(ctx: AppContext, now: float | None = None) -> JobSweep:
-    """One pass over every job that may need a step without anyone asking for it."""
+def sweep_jobs(ctx: AppContext, now: float | None = None, revalidate: Callable[[str], object] | None = None) -> JobSweep:
+    """One pass over every job that may need a step without anyone asking for it. `revalidate` hands a
+    stale validation to a worker's task queue (the tick stays short); without it, it runs here."""
     now = now or time.time()
     swept = JobSweep()
-    swept.revalidated = recover_validating(ctx, now)
+    swept.revalidated = recover_validating(ctx, now, revalidate)
     swept.expired = expire_overdue(ctx, now)
     swept.cancelled_requests = close_cancelled(ctx)
     for job_id in _finalizable(ctx) + _finalize_retries(ctx, now):
@@ -48,11 +50,10 @@ def sweep_jobs(ctx: AppContext, now: float | None = None) -> JobSweep:
     return swept
 
 
-def recover_validating(ctx: AppContext, now: float) -> list[str]:
-    """Batches stuck in `validating` (a submit that crashed, a validation message lost) are validated here,
-    from the start; validation is idempotent, so a slow one that is still going only repeats work."""
-    from batchinfer.jobs.service import validate_job  # the service builds on this module
-
+def recover_validating(ctx: AppContext, now: float, revalidate: Callable[[str], object] | None = None) -> list[str]:
+    """Batches stuck in `validating` (a submit that crashed, a validation message lost) are validated again,
+    from the start; validation is idempotent, so a slow one that is still going only repeats work. A job
+    handed to `revalidate` has its lease renewed first, so no sweep hands it on again for validation_stale_s."""
     stale = now - ctx.settings.validation_stale_s
     last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
     with ctx.sessions() as session:
@@ -60,14 +61,74 @@ def recover_validating(ctx: AppContext, now: float) -> list[str]:
                                        .order_by(Job.created_at).limit(10)))
     recovered = []
     for job_id in job_ids:
-        try:
-            validate_job(ctx, job_id)
+        if revalidate is None:
+            if revalidate_job(ctx, job_id) != JobStatus.VALIDATING:
+                recovered.append(job_id)
+        elif _renew_validation_lease(ctx, job_id, stale, now):
+            log.warning("job %s: its validation stopped making progress; validating it again", job_id)
+            revalidate(job_id)
             recovered.append(job_id)
-        except FileNotFoundError:  # its input never reached storage: nothing can run
-            fail_validation(ctx, job_id, "the input file was never stored (the submit was interrupted)")
-        except Exception as exc:
-            log.warning("revalidating %s failed: %s", job_id, excerpt(str(exc)))
     return recovered
+
+
+def validation_lost(ctx: AppContext, job_id: str) -> None:
+    """The message that would validate this job could not be sent (the broker is down): the next sweep
+    validates it, rather than after validation_stale_s."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(validation_heartbeat_at=0.0)))
+
+
+def _renew_validation_lease(ctx: AppContext, job_id: str, stale: float, now: float) -> bool:
+    """True for the one sweep that takes the job over (two overlapping sweeps hand it on once)."""
+    last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
+
+    def work(session) -> int:
+        return session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING,
+                                                 last_progress < stale).values(validation_heartbeat_at=now)).rowcount
+
+    return bool(retrying(ctx.sessions, work))
+
+
+def revalidate_job(ctx: AppContext, job_id: str) -> str:
+    """Validate a job whose first validation may be lost; returns its status after. A fault that may pass
+    (database or storage unreachable) leaves it `validating` for the next sweep; any other failure fails
+    the job, naming the cause, rather than retrying it forever."""
+    from batchinfer.jobs.service import validate_job  # the service builds on this module
+
+    try:
+        return validate_job(ctx, job_id).status
+    except Exception as exc:
+        try:
+            return _validation_failed(ctx, job_id, exc)
+        except Exception as again:  # the database or storage went away meanwhile: the next sweep tries again
+            log.warning("revalidating %s failed, will retry: %s", job_id, one_line(again))
+            return JobStatus.VALIDATING
+
+
+def _validation_failed(ctx: AppContext, job_id: str, exc: Exception) -> str:
+    if _passes(exc):
+        log.warning("revalidating %s failed, will retry: %s", job_id, one_line(exc))
+        return JobStatus.VALIDATING
+    if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
+        cause = "the input file was never stored (the submit was interrupted)"
+    else:
+        cause = f"validation failed: {type(exc).__name__}: {excerpt(str(exc))}"
+    log.warning("job %s fails: %s", job_id, cause)
+    fail_validation(ctx, job_id, cause)
+    return JobStatus.FAILED
+
+
+def _input_stored(ctx: AppContext, job_id: str) -> bool:
+    with ctx.sessions() as session:
+        key = session.scalar(select(Job.input_key).where(Job.id == job_id))
+    return key is not None and ctx.storage.exists(key)
+
+
+def _passes(exc: BaseException) -> bool:
+    """The database or storage unreachable for now (a missing file is not that)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return is_transient(exc) or isinstance(exc, (BotoCoreError, ClientError, ConnectionError, TimeoutError))
 
 
 def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:

@@ -3,7 +3,7 @@ and a unit's result lines (unit runner -> assembly, reports)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, TypeVar
 
 from batchinfer.engine.types import SamplingParams
@@ -30,7 +30,11 @@ class PreparedRequest:
     sampling: SamplingParams
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Shallow: asdict() deep-copies every prompt token id (~1 ms a request; validation and dispatch
+        # each write every request once).
+        entry = {f.name: getattr(self, f.name) for f in fields(self)}
+        entry["sampling"] = asdict(self.sampling)
+        return entry
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"))

@@ -18,6 +18,7 @@ from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
+BEAT_S = 5.0  # a validation renews its lease at least this often, also through a long run of invalid lines
 
 
 def new_job_id() -> str:
@@ -30,7 +31,11 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed)."""
     job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
                      completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
-    return validate_job(ctx, job.id)
+    try:
+        return validate_job(ctx, job.id)
+    except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
+        cancel(ctx, job.id)
+        raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
 
 
 def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
@@ -133,6 +138,14 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
     tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
     rows: list[dict] = []
+    beat_at = time.monotonic()
+
+    def commit_when_due() -> None:  # each commit renews the lease and notices a cancel
+        nonlocal beat_at
+        if len(rows) >= INSERT_BATCH or time.monotonic() - beat_at >= BEAT_S:
+            _commit_requests(ctx, job.id, token, rows)
+            beat_at = time.monotonic()
+
     with (ctx.storage.open_read(_input_key(job)) as source,
           ctx.storage.open_write(keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(keys.job_invalid(job.id)) as invalid):
@@ -140,12 +153,12 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             prepared.write(req.to_json().encode() + b"\n")
             rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id,
                          "status": RequestStatus.PENDING})
-            if len(rows) >= INSERT_BATCH:
-                _commit_requests(ctx, job.id, token, rows)
+            commit_when_due()
 
         def on_invalid(error: LineError) -> None:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
+            commit_when_due()
 
         report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, on_invalid)
         _commit_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
@@ -174,6 +187,7 @@ def _after_validation(ctx: AppContext, job_id: str, token: str, report: Validati
             job.status, job.queued_at = JobStatus.QUEUED, now
         else:
             job.status, job.failed_at = JobStatus.FAILED, now
+            job.error_key = keys.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
             session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
             webhook_events.record_final(session, job, now)
     return job
@@ -228,8 +242,6 @@ def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = Fals
     """Copy the output (or error) file into target; False when the job has no such file."""
     job = get(ctx, job_id)
     key = job.error_key if errors else job.output_key
-    if key is None and errors and job.status == JobStatus.FAILED and ctx.storage.exists(keys.job_invalid(job_id)):
-        key = keys.job_invalid(job_id)
     if key is None:
         if job.status not in JobStatus.TERMINAL:
             raise BatchInferError(f"job {job_id} is {job.status}; its results are ready when it is completed")

@@ -57,15 +57,14 @@ def fair_order(units: list[list[PendingRequest]]) -> list[list[PendingRequest]]:
     return out
 
 
-# Celery's Redis transport keeps one list per priority step and serves step 0 first.
-PRIORITY_STEPS = (0, 3, 6, 9)
 ATTAINED_UNITS_BOUNDS = (1, 4, 16)  # a job's first unit, its next 3, next 12, then the rest
+SERVICE_LEVELS = len(ATTAINED_UNITS_BOUNDS) + 1  # 0 runs first; the cluster maps each to a broker priority
 
 
-def service_priorities(units: list, served_units: dict[str, int],
-                       job_priority: dict[str, int] | None = None) -> list[int]:
-    """Broker priority (0 first .. 9 last) of each unit, least attained service first: a unit runs
-    as early as the job in it that has received the fewest units so far, across dispatch rounds.
+def service_levels(units: list, served_units: dict[str, int],
+                   job_priority: dict[str, int] | None = None) -> list[int]:
+    """Service level (0 first .. SERVICE_LEVELS - 1 last) of each unit, least attained service first: a
+    unit runs as early as the job in it that has received the fewest units so far, across dispatch rounds.
 
     A big job already running has many units behind it, so the first units of a job submitted
     later overtake them in every queue; each job priority level moves a job one step earlier.
@@ -76,7 +75,7 @@ def service_priorities(units: list, served_units: dict[str, int],
     for unit in units:
         jobs = dict.fromkeys(r.job_id for r in unit.requests)
         step = min(_las_step(served.get(j, 0)) - job_priority.get(j, 0) for j in jobs)
-        out.append(PRIORITY_STEPS[min(max(step, 0), len(PRIORITY_STEPS) - 1)])
+        out.append(min(max(step, 0), SERVICE_LEVELS - 1))
         for j in jobs:
             served[j] = served.get(j, 0) + 1
     return out

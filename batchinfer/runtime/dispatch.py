@@ -19,10 +19,10 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
-from batchinfer.planner.fairness import service_priorities
+from batchinfer.planner.fairness import service_levels
+from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
-from batchinfer.runtime.engine_host import engine_config
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,11 @@ class DispatchedUnit:
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
-    """The planner's settings; its block size is the engine's, so groups and cache hits fall on KV blocks."""
+    """The planner's settings; its block size is the one the workers' engines run with (engine_host.engine_config),
+    so groups and expected cache hits fall on KV blocks. Read from the settings: no engine (torch) import here."""
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
                          max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping,
-                         block_size=engine_config(ctx.settings).block_size)
+                         block_size=ctx.settings.kv_block_size)
 
 
 UNITS_PER_COMMIT = 16
@@ -68,7 +69,8 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans = plan_units(requests, config or planner_config(ctx))
     queues = _route(plans, live_workers or [], worker_loads)
-    priorities = service_priorities(plans, served, {j: job.priority for j, job in jobs.items()})
+    levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
+    priorities = [broker_priority(level) for level in levels]
     planned = list(zip(plans, queues, priorities))
     units = []
     for start in range(0, len(planned), UNITS_PER_COMMIT):

@@ -21,7 +21,7 @@ def engine_config(settings: Settings):
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
-                        block_size=settings.kv_block_size or EngineConfig.block_size)
+                        block_size=settings.kv_block_size)
 
 
 def get_generator(settings: Settings):

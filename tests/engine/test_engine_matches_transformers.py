@@ -1,4 +1,4 @@
-"""Greedy engine output equals transformers generate() token for token (issue 3 section 8)."""
+"""Greedy engine output equals transformers generate() token for token."""
 from __future__ import annotations
 
 import pytest

@@ -30,3 +30,18 @@ def test_light_model_holds_the_same_weights_as_transformers(loaded_model):
     last = tree.model.layers[-1]
     assert torch.equal(last.self_attn.k_proj.weight, hf.model.layers[-1].self_attn.k_proj.weight)
     assert torch.equal(last.mlp.down_proj.weight, hf.model.layers[-1].mlp.down_proj.weight)
+
+
+def test_a_conversion_finished_second_keeps_the_first_copy_and_leaves_no_temporary_folder(tmp_path):
+    from batchinfer.engine.loader import publish_dir
+
+    target, late = tmp_path / "model", tmp_path / ".model.late"
+    for folder, text in ((target, "first"), (late, "second")):
+        folder.mkdir()
+        (folder / "config.json").write_text(text)
+    publish_dir(late, target)
+    assert (target / "config.json").read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    fresh = tmp_path / ".other.tmp"
+    fresh.mkdir()
+    publish_dir(fresh, tmp_path / "other")
+    assert (tmp_path / "other").is_dir() and not fresh.exists()

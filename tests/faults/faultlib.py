@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import free_port
+from processes import free_port, start_cli
 
 MAX_TOKENS = 3
 TRACEBACK = "Traceback (most recent call last)"
@@ -176,12 +175,7 @@ class FaultCluster:
         self.context()  # the schema exists before any worker sweeps
         before = {w.name: w.incarnation for w in self.registry().live()}
         for name in names:
-            path = self.tmp_path / f"{name}-{len(self.logs)}.log"
-            self.logs.append(path)
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "batchinfer.cli", "worker", "--name", name, "--loglevel", "INFO"],
-                env={**os.environ, "OMP_NUM_THREADS": "1", **self.s3_env, **self.env}, stdout=open(path, "wb"),
-                stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs[name] = self.start_cli(name, "worker", "--name", name, "--loglevel", "INFO")
         if wait:
             self.wait_live(*names, timeout=timeout, not_incarnations=before)
 
@@ -206,6 +200,14 @@ class FaultCluster:
             assert time.time() < deadline, f"workers {names} did not come up:\n{self.log_tail(names[0])}"
             time.sleep(0.3)
 
+    def start_cli(self, name: str, *args: str) -> subprocess.Popen:
+        """`batchinfer ARGS` with this cluster's settings, in its own process group; its output (stdout and
+        stderr) joins the logs that assert_no_traceback reads."""
+        path = self.tmp_path / f"{name}-{len(self.logs)}.log"
+        self.logs.append(path)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.s3_env, **self.env}
+        return start_cli(env, path, *args)
+
     def signal(self, name: str, sig: int) -> None:
         os.killpg(self.procs[name].pid, sig)
 
@@ -214,6 +216,11 @@ class FaultCluster:
         self.signal(name, signal.SIGKILL)
         self.procs[name].wait(20)
         return time.time()
+
+    def output(self, name: str) -> str:
+        """What the last process started as `name` printed."""
+        paths = [p for p in self.logs if p.name.startswith(f"{name}-")]
+        return paths[-1].read_text(errors="replace") if paths else ""
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
         paths = [p for p in self.logs if p.name.startswith(f"{name}-")]
@@ -224,6 +231,19 @@ class FaultCluster:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+
+    def serve(self, timeout: float = 120) -> dict:
+        """`batchinfer serve` on a free port with an API key: the env a CLI needs to submit through it."""
+        import httpx
+
+        made = self.cli("keys", "create", "--name", "faults", "--json")
+        assert made.returncode == 0, made.stderr
+        port = free_port()
+        self.procs["api"] = self.start_cli("api", "serve", "--port", str(port))
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: self.procs["api"].poll() is None and httpx.get(f"{url}/health").status_code == 200,
+                 timeout, f"the API server:\n{self.log_tail('api')}")
+        return {"BATCHINFER_API_URL": url, "BATCHINFER_API_KEY": json.loads(made.stdout)["key"]}
 
     def cli(self, *args: str, timeout: float = 180):
         """`batchinfer ARGS` as an operator runs it against this cluster (completed process, text output)."""
@@ -270,6 +290,37 @@ class FaultCluster:
             return next((u for u in self.units() if u.status == "running" and worker in (None, u.worker)), None)
         return wait_for(running, timeout, f"a unit running on {worker or 'any worker'}", every=0.02)
 
+    def jobs(self):
+        from batchinfer.jobs import service
+
+        return service.list_jobs(self.context(), limit=1000)
+
+    def request_rows(self, job_id: str) -> int:
+        from sqlalchemy import func, select
+
+        from batchinfer.db.models import Request
+
+        with self.context().sessions() as session:
+            return session.scalar(select(func.count()).select_from(Request).where(Request.job_id == job_id))
+
+    def wait_validation_underway(self, timeout: float = 180) -> str:
+        """The id of the first job still `validating` with request rows committed: its validation is mid-file."""
+        from sqlalchemy import exists, select
+
+        from batchinfer.db.models import Job, Request
+
+        def underway():
+            with self.context().sessions() as session:
+                return session.scalar(select(Job.id).where(Job.status == "validating",
+                                                           exists().where(Request.job_id == Job.id)).limit(1))
+        return wait_for(underway, timeout, "a validation with its first rows committed", every=0.02)
+
+    def generating_s(self, since: float) -> float:
+        """Seconds units spent running (their last attempt) after `since`: what of a recovery time is the
+        work that was left, not the recovery."""
+        return round(sum(u.finished_at - max(u.started_at, since) for u in self.units()
+                         if u.finished_at and u.started_at and u.finished_at > since), 2)
+
     def job(self, job_id: str):
         from batchinfer.jobs import service
 
@@ -315,12 +366,24 @@ class FaultCluster:
         self.assert_no_traceback(*stderr)
         return outputs, errors
 
+    def assert_not_logged(self, *phrases: str) -> None:
+        """No process output (workers, CLI commands) mentions any of `phrases`, case-insensitive."""
+        for path in self.logs:
+            text = path.read_text(errors="replace").lower()
+            for phrase in phrases:
+                assert phrase.lower() not in text, f"{phrase!r} in {path.name}:\n{text[text.index(phrase.lower()) - 1500:][:3000]}"
+
     def assert_no_traceback(self, *extra: str) -> None:
         for path in self.logs:
             text = path.read_text(errors="replace")
             assert TRACEBACK not in text, f"traceback in {path.name}:\n{text[text.index(TRACEBACK) - 500:][:4000]}"
         for text in extra:
             assert TRACEBACK not in text, text[-3000:]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def slow_lines(prefix: str, n: int, max_tokens: int = MAX_TOKENS) -> list[str]:
