@@ -86,6 +86,21 @@ def test_a_queued_unit_whose_message_redis_lost_is_sent_again(setup):
     assert sweep(ctx, registry, hooks).resent == [unit.unit_id] and sent == [unit.unit_id]
 
 
+def test_queued_units_of_a_dispatch_still_in_progress_are_not_sent_twice(setup):
+    """Planning 50,000 requests under load outlasted the grace: the sweep sent 229 units a second time while
+    their dispatcher was still sending them. A live holder of the dispatch lock now defers the check."""
+    ctx, fast, hooks, sent = setup
+    registry = WorkerRegistry(fast.conn, key_prefix=fast.key_prefix, ttl_s=60)  # the holder stays live however slow this runs
+    submit_lines(ctx, [completion_line("a", "Hello")])
+    (unit,) = dispatch(ctx)
+    time.sleep(0.7)
+    registry.beat(WorkerState("w1", incarnation="inc-dispatching"))
+    registry.conn.set(registry.dispatch_key(), "inc-dispatching")
+    assert sweep(ctx, registry, hooks).resent == [] and sent == []
+    registry.conn.set(registry.dispatch_key(), "inc-of-a-dead-worker")  # its holder died mid-dispatch
+    assert sweep(ctx, registry, hooks).resent == [unit.unit_id]
+
+
 def test_pending_requests_nobody_dispatched_get_dispatched(setup):
     ctx, registry, hooks, sent = setup
     submit_lines(ctx, [completion_line("a", "Hello")])

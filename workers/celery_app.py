@@ -24,6 +24,9 @@ def make_app(settings: Settings) -> Celery:
         task_time_limit=settings.unit_time_limit_s,
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
+        # A broker reconnect leaves the running unit alone (the default until Celery 6, pinned): the solo pool
+        # cannot cancel it, and its ack lost with the connection only costs a redelivery the fence drops.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_send_task_events=True,  # Flower
         task_send_sent_event=True,
     )

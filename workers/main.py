@@ -7,6 +7,7 @@ A second thread delivers the webhook outbox (batchinfer.jobs.webhook_delivery).
 from __future__ import annotations
 
 import socket
+import warnings
 
 from celery import signals
 
@@ -28,6 +29,9 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_):
+        # the choice is made (celery_app pins it), so not its 8-line notice at every broker reconnect; set
+        # here, after Celery's logging setup put its own `always` filters first
+        warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         get_generator(settings)  # load the model before the first unit arrives
         reg = registry.worker_registry(settings)
         ctx = tasks.context()

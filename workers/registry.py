@@ -28,4 +28,4 @@ def live_workers(settings: Settings) -> list[str]:
 
 def dispatch_lock(settings: Settings):
     """Serializes dispatchers so concurrent submissions get planned together, never twice."""
-    return client(settings).lock(f"{settings.broker_prefix}batchinfer:dispatch-lock", timeout=600, blocking_timeout=120)
+    return client(settings).lock(open_registry(settings).dispatch_key(), timeout=600, blocking_timeout=120)

@@ -48,7 +48,8 @@ def dispatch_and_send(ctx: AppContext) -> int:
     A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
     sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
     lock = registry.dispatch_lock(ctx.settings)
-    if not lock.acquire():
+    # the holder's incarnation as the token: the sweep leaves a live dispatcher's unsent units alone
+    if not lock.acquire(token=agent.state.incarnation if agent is not None else None):
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
         return 0
     try:

@@ -20,11 +20,16 @@ ONE_REQUEST = ('{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completio
                '"max_tokens": 1, "temperature": 0}}\n')
 
 
+# Where the timed run keeps its jobs is its own; engine settings (BATCHINFER_DTYPE, _DEVICE, _MODEL...) pass through.
+SERVICE_SETTINGS = ("BATCHINFER_API_URL", "BATCHINFER_API_KEY", "BATCHINFER_BROKER_URL", "BATCHINFER_DATABASE_URL",
+                    "BATCHINFER_STORAGE_URL", "BATCHINFER_DATA_DIR")
+
+
 def clean_env(**extra: str) -> dict:
-    """This environment without BATCHINFER_* settings (the run gets its own), the model cache kept."""
+    """This environment without the service settings (the run gets its own data dir), the model cache kept."""
     from ..settings import get_settings
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHINFER_")}
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_SETTINGS}
     return env | {"BATCHINFER_MODEL_CACHE": str(get_settings().model_cache)} | extra
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 MAX_PREFIX_KEYS = 32
 
+DISPATCH_LOCK = "dispatch-lock"  # the key dispatchers serialize on; its value is the holder's incarnation
+
 
 @dataclass
 class WorkerState:
@@ -148,6 +150,15 @@ class WorkerRegistry:
                     if unit_id:
                         found.add(unit_id)
         return found
+
+    def dispatch_key(self) -> str:
+        return f"{self.key_prefix}batchinfer:{DISPATCH_LOCK}"
+
+    def dispatching(self) -> bool:
+        """A live worker holds the dispatch lock (its token is the holder's incarnation): units it planned may
+        not have their messages yet. A dead holder's lock does not count."""
+        token = self.conn.get(self.dispatch_key())
+        return token is not None and _text(token) in {w.incarnation for w in self.live() if w.incarnation}
 
     def lock(self, name: str, timeout_s: float):
         return self.conn.lock(f"{self.key_prefix}batchinfer:{name}", timeout=timeout_s, blocking=False)

@@ -127,7 +127,8 @@ def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list
         rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.dispatched_at, WorkUnit.created_at)
                                     .where(WorkUnit.status == UnitStatus.QUEUED)))
     stale = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
-    if not stale:
+    # A live dispatcher may still be sending them (planning 50,000 requests outlasts the grace): not lost
+    if not stale or registry.dispatching():
         return []
     present = registry.queued_unit_ids() | {w.unit_id for w in _live(registry).values() if w.unit_id}
     return [(u, a, "no message for it in the broker") for u, a in stale if u not in present]
