@@ -18,7 +18,7 @@ model:
 
 # llama.cpp for the bench's baselines: a source build with flags picked from /proc/cpuinfo (AMX off).
 llamacpp:
-	PIP="$(PIP)" bash scripts/install_llamacpp.sh
+	PIP="$(PIP)" PYTHON="$(PYTHON)" bash scripts/install_llamacpp.sh
 
 demo: install model
 	batchinfer run examples/sample.jsonl -o results.jsonl --errors errors.jsonl

@@ -17,4 +17,9 @@ echo "CMAKE_ARGS=$args"
 export CMAKE_ARGS="$args" FORCE_CMAKE=1
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 # pip builds in its own temp dir, outside the repo; --no-binary forces the source build.
+# diskcache is named too: `import llama_cpp` imports it (llama_cpp/llama_cache.py) even though the bench
+# never uses a cache, so a binding installed without its dependencies (--no-deps, or a wheel copied
+# in) fails at import; naming it also lets pip take it as a wheel from the local index first.
+$PIP install diskcache
 $PIP install --no-binary llama-cpp-python "llama-cpp-python${LLAMACPP_VERSION:+==$LLAMACPP_VERSION}" "$@"
+${PYTHON:-python3} -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'imports')"

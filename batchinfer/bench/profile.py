@@ -58,6 +58,7 @@ def profile(
     max_tokens: Annotated[Optional[int], typer.Option()] = None,
     cache_dir: Annotated[Optional[str], typer.Option()] = None,
     max_num_batched_tokens: Annotated[int, typer.Option()] = 2048,
+    dtype: Annotated[str, typer.Option(help="auto (as batchinfer run) | float32 | bfloat16")] = "auto",
     top: Annotated[int, typer.Option(help="operators to list")] = 20,
     trace: Annotated[Optional[str], typer.Option(help="write a Chrome trace here")] = None,
 ) -> None:
@@ -71,7 +72,7 @@ def profile(
 
     options = BenchOptions(workloads=(workload,), systems=("engine",), requests=requests, max_tokens=max_tokens,
                            cache_dir=str(cache_dir or get_settings().model_cache),
-                           max_num_batched_tokens=max_num_batched_tokens)
+                           max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
     runner = EngineRunner(options)
     (measured,), (warm,) = build_workloads(options), build_workloads(options, seed=options.seed + 1000)
     runner.run(_warmup_workload(measured, warm, 2))

@@ -16,6 +16,7 @@ import torch
 
 from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
+from .int8 import Int8Policy
 from .loader import CausalLM
 from .models import LlamaForCausalLM
 from .sampler import Sampler
@@ -47,7 +48,9 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
+        assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
+        int8 = Int8Policy(config.int8_max_rows, config.int8_after_steps)
+        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
+from ..int8 import Int8Policy, Int8Weight
 from ..loader import CausalLM
 from ..weights import LAYER_FIELDS, engine_weights
 
@@ -27,7 +28,8 @@ class LlamaLayer:
 
 class LlamaForCausalLM:
     def __init__(self, hf_model: CausalLM, attention: AttentionBackend, device: torch.device,
-                 dtype: torch.dtype, max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
+                 dtype: torch.dtype, max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
+                 int8: Int8Policy | None = None):
         cfg = hf_model.config
         self.num_layers: int = cfg.num_hidden_layers
         self.num_q_heads: int = cfg.num_attention_heads
@@ -37,6 +39,7 @@ class LlamaForCausalLM:
         self.eps: float = cfg.rms_norm_eps
         self.scale = self.head_dim ** -0.5
         self.attention = attention
+        self.int8 = int8 or Int8Policy(max_rows=0, after_steps=0)
         self._load_weights(hf_model, device, dtype, weights)
         theta = _rope_theta(cfg)
         self.rope_cos, self.rope_sin = _rope_tables(theta, self.head_dim, max_model_len, device)
@@ -62,26 +65,52 @@ class LlamaForCausalLM:
         """input_ids/positions: [num_tokens]; returns float32 logits [len(sample_indices), vocab]."""
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            hidden = hidden + self._attention(layer, hidden, cos, sin, k_cache, v_cache, meta)
-            hidden = hidden + self._mlp(layer, hidden)
+        packs = self.int8.for_step(input_ids.shape[0], self.projection_weights)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            linear = _Linear(packs, f"layers.{i}.")
+            hidden = hidden + self._attention(layer, linear, hidden, cos, sin, k_cache, v_cache, meta)
+            hidden = hidden + self._mlp(layer, linear, hidden)
         last = F.rms_norm(hidden[sample_indices], (self.hidden_size,), self.final_norm, self.eps)
-        return F.linear(last, self.lm_head).float()
+        return _Linear(packs, "")(last, self.lm_head, "lm_head").float()
 
-    def _attention(self, layer: LlamaLayer, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
+    def projection_weights(self) -> dict[str, torch.Tensor]:
+        """The [out, in] matrices int8 may replace: every layer's projections and the LM head."""
+        weights = {"lm_head": self.lm_head}
+        for i, layer in enumerate(self.layers):
+            weights |= {f"layers.{i}.{name}": getattr(layer, name) for name in PROJECTIONS}
+        return weights
+
+    def _attention(self, layer: LlamaLayer, linear, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         n, d = hidden.shape[0], self.head_dim
         x = F.rms_norm(hidden, (self.hidden_size,), layer.input_norm, self.eps)
-        qkv = F.linear(x, layer.qkv_proj).view(n, self.num_q_heads + 2 * self.num_kv_heads, d)
+        qkv = linear(x, layer.qkv_proj, "qkv_proj").view(n, self.num_q_heads + 2 * self.num_kv_heads, d)
         qk = _apply_rope(qkv[:, :self.num_q_heads + self.num_kv_heads], cos, sin)
         q, k = qk[:, :self.num_q_heads], qk[:, self.num_q_heads:]
         v = qkv[:, self.num_q_heads + self.num_kv_heads:]
         out = self.attention.forward(q, k, v, k_cache, v_cache, meta, self.scale)
-        return F.linear(out.reshape(n, self.num_q_heads * d), layer.o_proj)
+        return linear(out.reshape(n, self.num_q_heads * d), layer.o_proj, "o_proj")
 
-    def _mlp(self, layer: LlamaLayer, hidden) -> torch.Tensor:
+    def _mlp(self, layer: LlamaLayer, linear, hidden) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
-        gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
-        return F.linear(F.silu(gate, inplace=True).mul_(up), layer.down_proj)  # in place: no temporaries
+        gate, up = linear(x, layer.gate_up_proj, "gate_up_proj").chunk(2, dim=-1)
+        return linear(F.silu(gate, inplace=True).mul_(up), layer.down_proj, "down_proj")  # in place: no temporaries
+
+
+PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+class _Linear:
+    """F.linear with the dense weight, or its int8 copy when this step uses int8 (packs is not None)."""
+
+    __slots__ = ("packs", "prefix")
+
+    def __init__(self, packs: dict[str, Int8Weight] | None, prefix: str):
+        self.packs, self.prefix = packs, prefix
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
+        if self.packs is None:
+            return F.linear(x, weight)
+        return self.packs[self.prefix + name](x)
 
 
 def _rope_theta(cfg) -> float:
