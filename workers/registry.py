@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 def client(settings: Settings) -> redis.Redis:
     import redis  # on use: the CLI imports this module (bench-load) and must not pay for redis at every start
 
+    if not settings.broker_url:
+        raise ValueError("BATCHINFER_BROKER_URL is not set: the worker registry lives in the broker's Redis")
     return redis.Redis.from_url(settings.broker_url)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from redis.exceptions import LockError
 from sqlalchemy import update
@@ -20,11 +21,15 @@ from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
 from workers import registry
 from workers.celery_app import app
 
+if TYPE_CHECKING:
+    from batchinfer.cluster.agent import WorkerAgent
+    from batchinfer.jobs.webhook_delivery import DeliveryLoop
+
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages already queued still run
 RUN_UNIT_TASK = "batchinfer.run_unit"
-agent = None  # the WorkerAgent of this process, set by `batchinfer worker`
-webhooks = None  # its webhook DeliveryLoop
+agent: WorkerAgent | None = None  # the WorkerAgent of this process, set by `batchinfer worker`
+webhooks: DeliveryLoop | None = None  # its webhook DeliveryLoop
 
 
 @lru_cache(maxsize=1)

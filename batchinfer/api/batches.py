@@ -87,7 +87,7 @@ def _check_active_limit(ctx: AppContext, owner: str) -> None:
     limit = ctx.settings.max_active_batches_per_owner
     with ctx.sessions() as session:
         active = session.scalar(select(func.count()).select_from(Job)
-                                .where(Job.owner_id == owner, Job.status.not_in(JobStatus.TERMINAL)))
+                                .where(Job.owner_id == owner, Job.status.not_in(JobStatus.TERMINAL))) or 0
     if active >= limit:
         raise APIError(429, f"You have {active} unfinished batches; the limit is {limit}.", "too_many_active_batches")
 

@@ -130,7 +130,7 @@ def _wait_final(cluster: LoadCluster, submits: list[dict], options: LoadOptions,
             jobs = list(session.scalars(select(Job)))
         final = [j for j in jobs if j.status in JobStatus.TERMINAL]
         if all("wall_s" in s for s in submits) and len(final) == len(jobs):
-            return max((end_time(j) for j in final), default=time.time())
+            return max((t for t in map(end_time, final) if t is not None), default=time.time())
         if time.time() - last_note > 30:
             done = sum(j.completed + j.failed for j in jobs)
             progress(f"{time.time() - started:.0f} s: {len(final)}/{options.jobs} jobs final, "

@@ -96,7 +96,7 @@ def time_split(ctx, outputs: dict[str, list[dict]], workers: int, started: float
         unit_of = {(j, c): u for j, c, u in session.execute(select(Request.job_id, Request.custom_id, Request.unit_id))}
         units = list(session.execute(select(WorkUnit.id, WorkUnit.started_at, WorkUnit.finished_at, WorkUnit.attempts)
                                      .where(WorkUnit.status == UnitStatus.DONE)))
-    engine: dict[str, float] = defaultdict(float)
+    engine: dict[str | None, float] = defaultdict(float)  # by unit (None: a line no request row names)
     usage: Counter[str] = Counter()
     for job_id, lines in outputs.items():
         for line in lines:

@@ -141,7 +141,7 @@ def markdown(report: dict) -> str:
 
 
 def _ok(row: dict | None) -> bool:
-    return bool(row) and row.get("rc") == 0 and bool(row.get("wall_s"))
+    return row is not None and row.get("rc") == 0 and bool(row.get("wall_s"))
 
 
 def _cell(row: dict | None) -> str:

@@ -148,6 +148,7 @@ class BlockManager:
 
     def _evict(self, block_id: int) -> None:
         block = self.blocks[block_id]
+        assert block.hash is not None, f"cached block {block_id} has no hash"
         del self.hash_to_block_id[block.hash]
         block.hash = None
         self.num_evictions += 1

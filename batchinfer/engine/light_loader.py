@@ -10,6 +10,10 @@ import json
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jinja2 import Template
 
 
 @lru_cache(maxsize=4)
@@ -30,7 +34,7 @@ class LightTokenizer:
         self.pad_token_id = self._tok.token_to_id(self.special["pad_token"]) if self.special["pad_token"] else None
         template = folder / "chat_template.jinja"
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
-        self._template = None
+        self._template: Template | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
@@ -43,7 +47,7 @@ class LightTokenizer:
                                        **self.special)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def _compiled(self):
+    def _compiled(self) -> Template:
         if self._template is None:
             if not self.chat_template:
                 raise ValueError("the tokenizer has no chat template")

@@ -145,6 +145,9 @@ class LLMEngine:
 
 def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult:
     """What a finished sequence reports (the transformers reference path reports the same way)."""
+    # Finished means scheduled and sampled at least once: the reason and every time are set.
+    assert seq.finish_reason is not None and seq.first_scheduled_time is not None
+    assert seq.first_token_time is not None and seq.last_token_time is not None
     return GenerationResult(
         request_id=seq.request_id,
         output_token_ids=seq.output_token_ids,

@@ -48,6 +48,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
+        assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
         int8 = Int8Policy(config.int8_max_rows, config.int8_after_steps)
         self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)

@@ -93,7 +93,7 @@ def _result_file(ctx: AppContext, owner_id: str, file_id: str) -> FileView:
     with ctx.sessions() as session:
         job = session.get(Job, job_id)
     key = None if job is None or job.owner_id != owner_id else job.output_key if is_output else job.error_key
-    if key is None:
+    if job is None or key is None:
         raise JobNotFound(f"no file {file_id!r}")
     ended = job.completed_at or job.cancelled_at or job.expired_at or job.failed_at or job.created_at
     expires = ended + job.output_expires_after_s if job.output_expires_after_s else None

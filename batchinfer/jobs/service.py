@@ -49,8 +49,9 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     if model != settings.model_id:
         raise InvalidRequest(f"model_not_found: model {shown(model)} is not served here (use {settings.model_id!r})")
     window = parse_duration(completion_window or settings.completion_window)
-    if (metadata or {}).get(webhook_events.METADATA_KEY):
-        webhook_events.check_url(metadata[webhook_events.METADATA_KEY])
+    webhook_url = (metadata or {}).get(webhook_events.METADATA_KEY)
+    if webhook_url:
+        webhook_events.check_url(webhook_url)
     now = now or time.time()
     job_id = new_job_id()
     job = Job(id=job_id, status=JobStatus.VALIDATING, model=model, input_filename=filename,
@@ -64,9 +65,14 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     return job
 
 
+def _input_key(job: Job) -> str:
+    """The job's input: the key create_job set (the column is nullable), else the default one."""
+    return job.input_key or keys.job_input(job.id)
+
+
 def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
     try:
-        ctx.storage.upload(job.input_key, source)
+        ctx.storage.upload(_input_key(job), source)
     except Exception as exc:  # storage down: the job can never run, so it ends now rather than at the sweep
         cause = f"could not store the input file: {type(exc).__name__}: {excerpt(str(exc))}"
         try:
@@ -140,7 +146,7 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             _commit_requests(ctx, job.id, token, rows)
             beat_at = time.monotonic()
 
-    with (ctx.storage.open_read(job.input_key) as source,
+    with (ctx.storage.open_read(_input_key(job)) as source,
           ctx.storage.open_write(keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(keys.job_invalid(job.id)) as invalid):
         def on_valid(req: PreparedRequest) -> None:

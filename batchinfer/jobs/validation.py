@@ -112,7 +112,7 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
             record(LineError(number, "too_many_requests", f"the file has more than {limits.max_requests} requests"))
             break
         problems, prepared = _check_line(number, raw, report.valid, tokenizer, limits, seen_ids)
-        if problems:
+        if prepared is None:
             record(problems[0])
             for problem in problems[1:]:
                 _count_extra(report, problem, limits)

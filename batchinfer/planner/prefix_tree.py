@@ -74,6 +74,7 @@ class PrefixTree:
 
     def _split(self, child: Node, at: int) -> Node:
         parent = child.parent
+        assert parent is not None, "only a child is split: the root has no edge"
         mid = Node(child.edge[:at], child.depth - len(child.edge) + at, parent)
         parent.children[mid.edge[:self.block_size]] = mid
         child.edge, child.parent = child.edge[at:], mid
@@ -131,6 +132,7 @@ class PrefixTree:
             node = self.node_of[p]
             while id(node) not in seen:
                 seen.add(id(node))
+                assert node.parent is not None, "the walk ends at the root, which is seen"
                 node = node.parent
             out.append(node.depth)
         return out

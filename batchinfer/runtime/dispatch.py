@@ -30,7 +30,12 @@ class DispatchedUnit:
     unit_id: str
     queue: str
     num_requests: int
-    priority: int = 0  # broker priority step, 0 runs first
+    level: int = 0  # service level, 0 runs first
+
+    @property
+    def priority(self) -> int:
+        """The broker priority step of the level; mapped on send, so `batchinfer run` never imports kombu."""
+        return broker_priority(self.level)
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:
@@ -70,8 +75,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     plans = plan_units(requests, config or planner_config(ctx))
     queues = _route(plans, live_workers or [], worker_loads)
     levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
-    priorities = [broker_priority(level) for level in levels]
-    planned = list(zip(plans, queues, priorities))
+    planned = list(zip(plans, queues, levels))
     units = []
     for start in range(0, len(planned), UNITS_PER_COMMIT):
         batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
@@ -127,7 +131,7 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     return found
 
 
-def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, priority: int) -> DispatchedUnit | None:
+def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int) -> DispatchedUnit | None:
     """Claim the plan's requests that are still pending in a runnable job, and record the unit over them."""
     wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
     by_job: dict[str, list[int]] = defaultdict(list)
@@ -149,4 +153,4 @@ def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, priority: i
     stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
             .values(status=RequestStatus.PLANNED, unit_id=unit_id, unit_pos=bindparam("p")))
     session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
-    return DispatchedUnit(unit_id, queue, len(claimed), priority)
+    return DispatchedUnit(unit_id, queue, len(claimed), level)

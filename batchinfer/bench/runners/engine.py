@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..flops import ModelShape
@@ -60,7 +61,7 @@ class StepProbe:
     def __init__(self, engine, shape: ModelShape):
         self.engine, self.shape = engine, shape
         self.steps: list[_Step] = []
-        self._original = None
+        self._original: Callable[[list], dict[str, int]] | None = None  # the runner's own run, while entered
 
     def __enter__(self) -> "StepProbe":
         runner = getattr(self.engine, "runner", None)
@@ -77,6 +78,7 @@ class StepProbe:
         flops = sum(self._seq_flops(s) for s in seqs)
         has_prefill = any(s.num_computed_tokens < s.num_prompt_tokens or s.num_new_tokens > 1 for s in seqs)
         start = time.perf_counter()
+        assert self._original is not None, "installed only while the probe is entered"
         out = self._original(seqs)
         self.steps.append(_Step(time.perf_counter() - start, flops, has_prefill))
         return out

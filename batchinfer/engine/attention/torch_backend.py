@@ -62,7 +62,7 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _get_plan(self, meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> _Plan:
-        if self._plan_for is not meta:
+        if self._plan is None or self._plan_for is not meta:
             self._plan = make_plan(meta, block_size, dtype, self.cascade)
             self._plan_for = meta
         return self._plan
