@@ -67,7 +67,7 @@ def run_load(options: LoadOptions, work: Path, progress=print) -> dict:
 def _measure(options: LoadOptions, cluster: LoadCluster, names: list[str], files: list[Path], progress) -> dict:
     memory = PeakMemory()
     for name in names:
-        memory.watch(f"worker:{name}", cluster.workers[name].pid)
+        memory.watch(f"worker:{name}", cluster.workers[name])
     status = StatusProbe(cluster.ctx, options.jobs, options.status_every_s)
     cli_probe = (CliStatusProbe(cluster.env, lambda: status.job_ids, options.cli_status_every_s)
                  if options.cli_status_every_s > 0 else None)
@@ -113,7 +113,7 @@ def _submit_all(cluster: LoadCluster, files: list[Path], memory: PeakMemory) -> 
         log.parent.mkdir(exist_ok=True)
         proc = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(path)], env=cluster.env,
                                 stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
-        memory.watch(f"submit:{path.name}", proc.pid)
+        memory.watch(f"submit:{path.name}", proc)
         submits.append({"file": path.name, "proc": proc, "log": log, "started": time.time()})
     return submits
 

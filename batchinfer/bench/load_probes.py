@@ -48,23 +48,28 @@ class _Loop(threading.Thread):
 
 class PeakMemory(_Loop):
     """Largest VmHWM seen per process; a process that exits keeps its last reading (the high-water mark
-    only rises, so at most the last interval's growth is missed)."""
+    only rises, so at most the last interval's growth is missed). A reading counts only if its process had
+    not been reaped by then: after that the pid may be another process's."""
 
     def __init__(self, every: float = 0.2):
         super().__init__(every)
-        self.pids: dict[str, int] = {}
+        self.procs: dict[str, subprocess.Popen] = {}
         self.peak_kib: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def watch(self, name: str, pid: int) -> None:
+    def watch(self, name: str, proc: subprocess.Popen) -> None:
         with self._lock:
-            self.pids[name] = pid
+            self.procs[name] = proc
 
     def tick(self) -> None:
         with self._lock:
-            pids = dict(self.pids)
-        for name, pid in pids.items():
-            self.peak_kib[name] = max(self.peak_kib.get(name, 0), hwm_kib(pid))
+            procs = dict(self.procs)
+        for name, proc in procs.items():
+            if proc.returncode is not None:
+                continue
+            reading = hwm_kib(proc.pid)
+            if proc.poll() is None:
+                self.peak_kib[name] = max(self.peak_kib.get(name, 0), reading)
 
     def peak_mib(self, prefix: str) -> dict:
         values = [kib / 1024 for name, kib in self.peak_kib.items() if name.startswith(prefix) and kib]
