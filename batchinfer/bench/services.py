@@ -38,9 +38,14 @@ def free_port_pair() -> int:
 
 
 def start_cli(env: dict, log_path, *args: str) -> subprocess.Popen:
-    """`batchinfer ARGS` in its own process group, output to log_path."""
+    """`batchinfer ARGS` in its own process group, output to log_path. Ctrl-C (SIGINT) acts as from a shell
+    even when the starting process ignores it (an ignored signal is inherited across exec)."""
     return subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=env, stdout=open(log_path, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
