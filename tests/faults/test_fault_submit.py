@@ -49,10 +49,7 @@ def test_a_submit_sigkilled_mid_validation_is_validated_again_by_a_worker(fault_
 
 # The window this case aims at (a validation with rows committed and not yet ended) was missed once in each of
 # two full quiet-machine runs, never alone; a rerun repeats the whole case with the same assertions.
-RACY_WINDOW = pytest.mark.flaky(reruns=2)
-
-
-@RACY_WINDOW
+@pytest.mark.flaky(reruns=2)
 def test_cancel_during_validation_wins_and_nothing_of_the_job_runs(fault_cluster, tmp_path):
     c = fault_cluster(BATCHINFER_MAX_REQUESTS_PER_UNIT="64")
     c.start("w1")
