@@ -72,6 +72,7 @@ class Settings(BaseSettings):
     max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
     api_key: str | None = None  # the CLI's key for api_url
+    api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
     api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",

@@ -101,7 +101,7 @@ def _client():
         return None
     from batchinfer.cli.client import ApiClient
 
-    return ApiClient(settings.api_url, settings.api_key)
+    return ApiClient(settings.api_url, settings.api_key, submit_wait_s=settings.api_submit_wait_s)
 
 
 def _parse_metadata(pairs: list[str]) -> dict:

@@ -13,10 +13,11 @@ from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
 
 
 class ApiClient:
-    def __init__(self, url: str, key: str | None, timeout: float = 60.0):
+    def __init__(self, url: str, key: str | None, timeout: float = 60.0, submit_wait_s: float = 600.0):
         if not key:
             raise BatchInferError("BATCHINFER_API_KEY is not set (make one with `batchinfer keys create` on the server)")
         self.http = httpx.Client(base_url=url.rstrip("/"), headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
+        self.submit_wait_s = submit_wait_s
 
     def _call(self, method: str, path: str, **kwargs) -> dict:
         try:
@@ -35,9 +36,22 @@ class ApiClient:
                 "completion_window": completion_window or "24h", "metadata": metadata or None,
                 "skip_invalid": skip_invalid}
         batch = self._call("POST", "/v1/batches", json=body)
-        while batch["status"] == JobStatus.VALIDATING:  # validation runs on a worker; wait for its verdict
+        return self._wait_validated(batch)
+
+    def _wait_validated(self, batch: dict) -> dict:
+        """Validation runs on a worker: wait for its verdict, but not forever (no worker, or its broker down:
+        the batch goes on by itself later), and never lose the batch id on the way out."""
+        deadline = time.monotonic() + self.submit_wait_s
+        while batch["status"] == JobStatus.VALIDATING:
+            if time.monotonic() >= deadline:
+                raise BatchInferError(f"batch {batch['id']} is created but still validating after {self.submit_wait_s:g} s "
+                                      "(no worker has validated it yet: are the workers or their broker down?); it goes "
+                                      f"on by itself once one does: follow it with `batchinfer status {batch['id']}`")
             time.sleep(0.5)
-            batch = self.get(batch["id"])
+            try:
+                batch = self.get(batch["id"])
+            except BatchInferError as exc:
+                raise BatchInferError(f"batch {batch['id']} is created; following its validation failed: {exc}") from None
         return batch
 
     def get(self, batch_id: str) -> dict:

@@ -13,7 +13,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt, shown
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt, one_line, shown
 from batchinfer.settings import Settings, parse_duration
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
@@ -36,6 +36,12 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
         cancel(ctx, job.id)
         raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
+    except BatchInferError:
+        raise
+    except Exception as exc:  # storage or the database went away mid-file: the job is kept, the sweep resumes it
+        raise BatchInferError(f"job {job.id} is stored, but its validation stopped ({one_line(exc)}); it is "
+                              f"validated again once {ctx.settings.validation_stale_s:g} s pass with storage and "
+                              "the database back") from None
 
 
 def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",

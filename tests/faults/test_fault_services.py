@@ -79,23 +79,29 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
     lines, api_lines = job_lines("rd", 4), job_lines("ra", 4)
     path, api_path = write_lines(tmp_path / "input.jsonl", lines), write_lines(tmp_path / "api.jsonl", api_lines)
     redis.kill()
-    through_api = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)],
-                                   env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
+    api_run = [sys.executable, "-m", "batchinfer.cli", "submit", str(api_path)]
+    through_api = subprocess.Popen(api_run, env={**os.environ, **c.s3_env, **c.env, **api_env}, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
     done = c.cli("submit", str(path))
     print("submit:", done.returncode, done.stdout, done.stderr)
     assert done.returncode != 0
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: "), done.stderr
-    wait_for(lambda: len(service.list_jobs(c.context())) == 2, 60, "the batch through the API")
+    # a client that will not wait long: it gives up with one line that names the batch, which goes on
+    gave_up = subprocess.run(api_run, env={**os.environ, **c.s3_env, **c.env, **api_env,
+                                           "BATCHINFER_API_SUBMIT_WAIT_S": "2"}, capture_output=True, text=True, timeout=120)
+    assert gave_up.returncode == 1 and gave_up.stdout == "", (gave_up.stdout, gave_up.stderr)
+    assert len(gave_up.stderr.strip().splitlines()) == 1 and "still validating after 2 s" in gave_up.stderr, gave_up.stderr
+    impatient_id = gave_up.stderr.split()[2]
+    wait_for(lambda: len(service.list_jobs(c.context())) == 3, 60, "the batches through the API")
     fault_at = time.time()
     redis.start()
     api_out, api_err = through_api.communicate(timeout=120)
     assert through_api.returncode == 0 and api_out.startswith("batch_"), (api_out, api_err)
-    direct = [j for j in service.list_jobs(c.context()) if j.id != api_out.strip()]
+    direct = [j for j in service.list_jobs(c.context()) if j.id not in (api_out.strip(), impatient_id)]
     assert len(direct) == 1 and direct[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
-    for job_id, job_input in ((direct[0].id, lines), (api_out.strip(), api_lines)):
+    for job_id, job_input in ((direct[0].id, lines), (api_out.strip(), api_lines), (impatient_id, api_lines)):
         job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
-        c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err])
+        c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err, gave_up.stderr])
         record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
                         "(redis back -> job final)", job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
 
@@ -171,3 +177,38 @@ def test_submit_while_s3_is_down_fails_clearly_and_leaves_no_open_job(fault_clus
         assert job.id in done.stderr and "could not store the input file" in job.errors[0]["message"], job.errors
         assert (job.total, job.completed, job.failed) == (0, 0, 0)
     record_recovery("submit while s3 is down (time to the error, 3 boto3 attempts)", gave_up_s)
+
+
+def test_s3_down_mid_validation_of_a_direct_submit_names_the_job_and_the_sweep_resumes_it(fault_cluster, private_s3,
+                                                                                          tmp_path):
+    """SeaweedFS killed while `batchinfer submit` validates a stored file: the submit exits 1 with one line
+    naming the job and the cause; once S3 is back a worker's sweep validates the job again from the start."""
+    import signal
+
+    from batchinfer.jobs import service
+
+    c = fault_cluster(s3=private_s3, BATCHINFER_VALIDATION_STALE_S="3")
+    c.s3_env = {**c.s3_env, "AWS_MAX_ATTEMPTS": "2"}
+    lines = job_lines("sv", 20_000, max_tokens=1)
+    submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", lines)))
+    job_id = c.wait_validation_underway()
+    os.killpg(submit.pid, signal.SIGSTOP)  # mid-file for sure while S3 goes away
+    private_s3.kill()
+    os.killpg(submit.pid, signal.SIGCONT)
+    assert submit.wait(180) == 1, c.output("submit")
+    stderr = c.output("submit").strip()
+    assert len(stderr.splitlines()) == 1 and stderr.startswith("error: job ") and job_id in stderr, stderr
+    assert "its validation stopped" in stderr and "Traceback" not in stderr, stderr
+    assert c.job(job_id).status == "validating"  # kept for the sweep, not failed on a fault that passes
+    private_s3.start()
+    back_at = time.time()
+    c.start("w1")
+    resumed = wait_for(lambda: (job := c.job(job_id)).status != "validating" and job, 180,
+                       f"job {job_id} to leave validating")
+    recovered_at = time.time()
+    assert resumed.status in ("queued", "in_progress") and resumed.total == len(lines), (resumed.status, resumed.total)
+    service.cancel(c.context(), job_id)  # 20,000 requests take minutes on a CPU; a cancel still accounts for each
+    job = c.wait_final(job_id, timeout=240)
+    c.check(job, lines, "cancelled", stderr=[])
+    record_recovery("s3 down mid-validation of a direct submit (s3 back -> validated again)", recovered_at - back_at,
+                    validation_stale_s=3)

@@ -8,8 +8,6 @@ import re
 import signal
 import time
 
-import pytest
-
 from batchinfer.jobs import service
 from faultlib import job_lines, record_recovery, wait_for, write_lines
 
@@ -24,14 +22,24 @@ def _kill(proc) -> float:
     return time.time()
 
 
+def _pause(proc) -> None:
+    """SIGSTOP: the submit holds still where it is, so the case's window cannot close before the fault."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+
+
+def _resume(proc) -> None:
+    os.killpg(proc.pid, signal.SIGCONT)
+
+
 def test_a_submit_sigkilled_mid_validation_is_validated_again_by_a_worker(fault_cluster, tmp_path):
     c = fault_cluster(BATCHINFER_VALIDATION_STALE_S="3", BATCHINFER_MAX_REQUESTS_PER_UNIT="64")
     c.start("w1")
     lines = job_lines("v", BIG, max_tokens=1)
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", lines)))
     job_id = c.wait_validation_underway()
-    killed_at = _kill(submit)
+    _pause(submit)
     assert c.job(job_id).status == "validating", "the submit ended its validation before the kill"
+    killed_at = _kill(submit)
     resumed = wait_for(lambda: (job := c.job(job_id)).status != "validating" and job, 120,
                        f"job {job_id} to leave validating")
     recovered_at = time.time()
@@ -47,20 +55,18 @@ def test_a_submit_sigkilled_mid_validation_is_validated_again_by_a_worker(fault_
                     validation_stale_s=3)
 
 
-# The window this case aims at (a validation with rows committed and not yet ended) was missed once in each of
-# two full quiet-machine runs, never alone; a rerun repeats the whole case with the same assertions.
-@pytest.mark.flaky(reruns=2)
 def test_cancel_during_validation_wins_and_nothing_of_the_job_runs(fault_cluster, tmp_path):
     c = fault_cluster(BATCHINFER_MAX_REQUESTS_PER_UNIT="64")
     c.start("w1")
     lines = job_lines("x", LARGEST, max_tokens=1)
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "largest.jsonl", lines)))
     job_id = c.wait_validation_underway()
+    _pause(submit)  # mid-file for sure: the cancel lands between two of its batched commits
     cancelled_at = time.time()
-    # the cancel comes from this process while the submit process validates (the CLI's own start-up, a few
-    # seconds, would often miss a validation of tiny lines)
+    # the cancel comes from this process (the CLI's own start-up, a few seconds, is no part of the case)
     answer = service.cancel(c.context(), job_id)
     assert answer.status == "cancelled" and answer.queued_at is None, "the validation ended before the cancel"
+    _resume(submit)
     assert submit.wait(120) == 0, c.output("submit")
     stopped_at = time.time()
     assert f"job {job_id} was cancelled while it validated" in c.output("submit")
@@ -79,8 +85,10 @@ def test_a_submit_interrupted_mid_validation_cancels_its_job_at_once(fault_clust
     c.context()  # no worker: the job must end by the submit's own hand, not wait for a sweep
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", job_lines("i", LARGEST, max_tokens=1))))
     job_id = c.wait_validation_underway()
+    _pause(submit)
     interrupted_at = time.time()
-    os.killpg(submit.pid, signal.SIGINT)  # Ctrl-C
+    os.killpg(submit.pid, signal.SIGINT)  # Ctrl-C, taken as soon as the submit runs again
+    _resume(submit)
     assert submit.wait(60) == 130, c.output("submit")
     ended_at = time.time()
     assert f"interrupted: job {job_id} cancelled before its validation ended" in c.output("submit")
@@ -110,3 +118,24 @@ def test_twenty_concurrent_submits_on_two_workers_all_complete_without_deadlock(
     record_recovery("10 concurrent submits of one file (time to completion)",
                     max(j.completed_at for j in jobs[:10]) - started)
     record_recovery("20 concurrent submits, 2 workers (time to completion)", max(j.completed_at for j in jobs) - started)
+
+
+def test_a_submit_sigkilled_during_its_upload_leaves_a_job_the_sweep_fails_naming_the_cause(fault_cluster, tmp_path):
+    """Killed after the job row is made and before the input is stored: no input will ever come, so the sweep
+    fails the job with that cause instead of leaving it `validating` (or validating a file that is not there)."""
+    c = fault_cluster(BATCHINFER_VALIDATION_STALE_S="3")
+    ctx = c.context()
+    filler = "u" * 2400  # ~120 MB in all: the upload lasts long enough to be caught mid-way
+    path = write_lines(tmp_path / "large.jsonl", job_lines("up", LARGEST, max_tokens=1, user=filler))
+    submit = c.start_cli("submit", "submit", str(path))
+    job_id = wait_for(lambda: next((j.id for j in service.list_jobs(ctx)), None), 120, "the job row", every=0.01)
+    _pause(submit)
+    assert not ctx.storage.exists(service.get(ctx, job_id).input_key), "the upload ended before the kill"
+    killed_at = _kill(submit)
+    c.start("w1")
+    job = c.wait_final(job_id, timeout=120)
+    assert job.status == "failed" and (job.total, job.completed, job.failed) == (0, 0, 0), job.status
+    assert "the input file was never stored" in job.errors[0]["message"], job.errors
+    c.assert_no_traceback()
+    record_recovery("submit sigkilled during its upload: job failed by the sweep", job.failed_at - killed_at,
+                    validation_stale_s=3)
