@@ -46,6 +46,15 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
         time.sleep(every)
 
 
+def pause(proc) -> None:
+    """SIGSTOP a process group: it holds still where it is, so a case's window cannot close before its fault."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+
+
+def resume(proc) -> None:
+    os.killpg(proc.pid, signal.SIGCONT)
+
+
 def record_recovery(case: str, seconds: float, **extra) -> None:
     entry = {"case": case, "recovery_s": round(seconds, 2), **extra}
     print(f"recovery: {json.dumps(entry)}")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from faultlib import job_lines, record_recovery, slow_lines, wait_for, write_lines
+from faultlib import job_lines, pause, record_recovery, resume, slow_lines, wait_for, write_lines
 
 
 @pytest.mark.parametrize("persist", [True, False], ids=["appendonly", "no-persistence"])
@@ -183,8 +183,6 @@ def test_s3_down_mid_validation_of_a_direct_submit_names_the_job_and_the_sweep_r
                                                                                           tmp_path):
     """SeaweedFS killed while `batchinfer submit` validates a stored file: the submit exits 1 with one line
     naming the job and the cause; once S3 is back a worker's sweep validates the job again from the start."""
-    import signal
-
     from batchinfer.jobs import service
 
     c = fault_cluster(s3=private_s3, BATCHINFER_VALIDATION_STALE_S="3")
@@ -192,9 +190,9 @@ def test_s3_down_mid_validation_of_a_direct_submit_names_the_job_and_the_sweep_r
     lines = job_lines("sv", 20_000, max_tokens=1)
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", lines)))
     job_id = c.wait_validation_underway()
-    os.killpg(submit.pid, signal.SIGSTOP)  # mid-file for sure while S3 goes away
+    pause(submit)  # mid-file for sure while S3 goes away
     private_s3.kill()
-    os.killpg(submit.pid, signal.SIGCONT)
+    resume(submit)
     assert submit.wait(180) == 1, c.output("submit")
     stderr = c.output("submit").strip()
     assert len(stderr.splitlines()) == 1 and stderr.startswith("error: job ") and job_id in stderr, stderr

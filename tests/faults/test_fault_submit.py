@@ -9,7 +9,7 @@ import signal
 import time
 
 from batchinfer.jobs import service
-from faultlib import job_lines, record_recovery, wait_for, write_lines
+from faultlib import job_lines, pause, record_recovery, resume, wait_for, write_lines
 
 BIG = 20_000  # lines: tiny requests, so validation is all per-line work and lasts long enough to be hit
 LARGEST = 50_000  # lines, the most a file may have: the longest validation there is
@@ -22,22 +22,13 @@ def _kill(proc) -> float:
     return time.time()
 
 
-def _pause(proc) -> None:
-    """SIGSTOP: the submit holds still where it is, so the case's window cannot close before the fault."""
-    os.killpg(proc.pid, signal.SIGSTOP)
-
-
-def _resume(proc) -> None:
-    os.killpg(proc.pid, signal.SIGCONT)
-
-
 def test_a_submit_sigkilled_mid_validation_is_validated_again_by_a_worker(fault_cluster, tmp_path):
     c = fault_cluster(BATCHINFER_VALIDATION_STALE_S="3", BATCHINFER_MAX_REQUESTS_PER_UNIT="64")
     c.start("w1")
     lines = job_lines("v", BIG, max_tokens=1)
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", lines)))
     job_id = c.wait_validation_underway()
-    _pause(submit)
+    pause(submit)
     assert c.job(job_id).status == "validating", "the submit ended its validation before the kill"
     killed_at = _kill(submit)
     resumed = wait_for(lambda: (job := c.job(job_id)).status != "validating" and job, 120,
@@ -61,12 +52,12 @@ def test_cancel_during_validation_wins_and_nothing_of_the_job_runs(fault_cluster
     lines = job_lines("x", LARGEST, max_tokens=1)
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "largest.jsonl", lines)))
     job_id = c.wait_validation_underway()
-    _pause(submit)  # mid-file for sure: the cancel lands between two of its batched commits
+    pause(submit)  # mid-file for sure: the cancel lands between two of its batched commits
     cancelled_at = time.time()
     # the cancel comes from this process (the CLI's own start-up, a few seconds, is no part of the case)
     answer = service.cancel(c.context(), job_id)
     assert answer.status == "cancelled" and answer.queued_at is None, "the validation ended before the cancel"
-    _resume(submit)
+    resume(submit)
     assert submit.wait(120) == 0, c.output("submit")
     stopped_at = time.time()
     assert f"job {job_id} was cancelled while it validated" in c.output("submit")
@@ -85,10 +76,10 @@ def test_a_submit_interrupted_mid_validation_cancels_its_job_at_once(fault_clust
     c.context()  # no worker: the job must end by the submit's own hand, not wait for a sweep
     submit = c.start_cli("submit", "submit", str(write_lines(tmp_path / "big.jsonl", job_lines("i", LARGEST, max_tokens=1))))
     job_id = c.wait_validation_underway()
-    _pause(submit)
+    pause(submit)
     interrupted_at = time.time()
     os.killpg(submit.pid, signal.SIGINT)  # Ctrl-C, taken as soon as the submit runs again
-    _resume(submit)
+    resume(submit)
     assert submit.wait(60) == 130, c.output("submit")
     ended_at = time.time()
     assert f"interrupted: job {job_id} cancelled before its validation ended" in c.output("submit")
@@ -129,7 +120,7 @@ def test_a_submit_sigkilled_during_its_upload_leaves_a_job_the_sweep_fails_namin
     path = write_lines(tmp_path / "large.jsonl", job_lines("up", LARGEST, max_tokens=1, user=filler))
     submit = c.start_cli("submit", "submit", str(path))
     job_id = wait_for(lambda: next((j.id for j in service.list_jobs(ctx)), None), 120, "the job row", every=0.01)
-    _pause(submit)
+    pause(submit)
     assert not ctx.storage.exists(service.get(ctx, job_id).input_key), "the upload ended before the kill"
     killed_at = _kill(submit)
     c.start("w1")
