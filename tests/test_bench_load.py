@@ -46,4 +46,6 @@ def test_five_concurrent_jobs_of_200_all_complete_with_every_custom_id_once(tmp_
     assert result["time_split"]["completion_tokens"] == 1000  # max_tokens 1, each request counted once
     assert result["peak_rss"]["worker"]["processes"] == 2 and result["peak_rss"]["submit"]["processes"] == 5
     assert result["status"]["count"] > 0 and not result["status"]["errors"]
+    phases = result["status"]["while_submits_run"], result["status"]["after_submits"]
+    assert len(result["status_samples"]) == sum(p["count"] for p in phases) == result["status"]["count"]
     assert "bench-load: 5 jobs x 200 requests" in done.stdout

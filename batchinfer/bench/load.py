@@ -18,7 +18,7 @@ from batchinfer.db.models import Job, JobStatus
 
 from .load_checks import check_jobs, end_time, time_split, tracebacks
 from .load_cluster import LoadCluster
-from .load_probes import CliStatusProbe, PeakMemory, StatusProbe, latency_summary
+from .load_probes import CliStatusProbe, PeakMemory, StatusProbe, latency_summary, status_phases
 from .load_workload import write_job_files
 
 STATUS_TARGET_MS = 200
@@ -99,11 +99,17 @@ def _measure(options: LoadOptions, cluster: LoadCluster, names: list[str], files
         "submit_wall_s": latency_summary([r["wall_s"] for r in submit_results]),
         "time_split": time_split(cluster.ctx, outputs, options.workers, started, final_at, total),
         "peak_rss": {"worker": memory.peak_mib("worker:"), "submit": memory.peak_mib("submit:")},
-        "status": {**latency_summary(status.status_s), "target_ms": STATUS_TARGET_MS, "errors": status.errors[:5]},
+        "status": {**latency_summary(status.status_s), "target_ms": STATUS_TARGET_MS, "errors": status.errors[:5],
+                   **status_phases(status.status_at, status.status_s, _submits_done_at(submits, started))},
+        "status_samples": [[round(at - started, 2), round(s * 1000, 1)] for at, s in zip(status.status_at, status.status_s)],
         "list": latency_summary(status.list_s),
         "status_cli_wall": {**latency_summary(cli_probe.wall_s), "errors": cli_probe.errors[:5]} if cli_probe else None,
         "checks": checks,
     }
+
+
+def _submits_done_at(submits: list[dict], started: float) -> float:
+    return max((s["started"] + s.get("wall_s", 0.0) for s in submits), default=started)
 
 
 def _submit_all(cluster: LoadCluster, files: list[Path], memory: PeakMemory) -> list[dict]:

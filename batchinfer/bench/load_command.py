@@ -85,6 +85,8 @@ def table(result: dict) -> Table:
                             f"of {peak['submit']['processes']}"),
         ("submit wall", _latency(result["submit_wall_s"], "ms", 1000)),
         ("status latency", _latency(s, "ms") + f" (target < {s['target_ms']} ms)"),
+        ("  while submits run", _latency(s["while_submits_run"], "ms")),
+        ("  after the submits", _latency(s["after_submits"], "ms")),
         ("list latency", _latency(result["list"], "ms")),
     ]
     if result.get("status_cli_wall"):

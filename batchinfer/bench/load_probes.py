@@ -25,6 +25,14 @@ def latency_summary(seconds: list[float]) -> dict:
             "max_ms": round(ordered[-1] * 1000, 1)}
 
 
+def status_phases(at: list[float], seconds: list[float], submits_done_at: float) -> dict:
+    """Status latency while the submits still run (every core validating) and after, with the calls over
+    target: where in the run a slow tail sits."""
+    during = [s for t, s in zip(at, seconds) if t < submits_done_at]
+    after = [s for t, s in zip(at, seconds) if t >= submits_done_at]
+    return {"while_submits_run": latency_summary(during), "after_submits": latency_summary(after)}
+
+
 class _Loop(threading.Thread):
     """A daemon thread that calls tick() every `every` seconds until stop()."""
 
@@ -95,6 +103,7 @@ class StatusProbe(_Loop):
         self.ctx, self.jobs, self.list_every = ctx, jobs, list_every
         self.job_ids: list[str] = []
         self.status_s: list[float] = []
+        self.status_at: list[float] = []  # when each status call started (time.time()), for the raw samples
         self.list_s: list[float] = []
         self.errors: list[str] = []
         self._next, self._listed_at = 0, 0.0
@@ -109,9 +118,10 @@ class StatusProbe(_Loop):
             if self.job_ids:
                 job_id = self.job_ids[self._next % len(self.job_ids)]
                 self._next += 1
-                started = time.perf_counter()
+                at, started = time.time(), time.perf_counter()
                 status_query(self.ctx, job_id)
                 self.status_s.append(time.perf_counter() - started)
+                self.status_at.append(at)
         except Exception as exc:  # recorded and reported: a status that fails under load is a finding
             self.errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
