@@ -99,11 +99,13 @@ def test_submit_while_redis_is_down_fails_clearly_and_the_job_runs_once_redis_is
     assert through_api.returncode == 0 and api_out.startswith("batch_"), (api_out, api_err)
     direct = [j for j in service.list_jobs(c.context()) if j.id not in (api_out.strip(), impatient_id)]
     assert len(direct) == 1 and direct[0].id in done.stderr and "broker is unreachable" in done.stderr, done.stderr
-    for job_id, job_input in ((direct[0].id, lines), (api_out.strip(), api_lines), (impatient_id, api_lines)):
+    cases = ((direct[0].id, lines, "direct"), (api_out.strip(), api_lines, "API"),
+             (impatient_id, api_lines, "API, the client gave up waiting"))
+    for job_id, job_input, how in cases:
         job = c.wait_final(job_id, timeout=90)  # nothing else is submitted: the sweep validates and dispatches
         c.check(job, job_input, "completed", expect_completed=4, stderr=[done.stderr, api_err, gave_up.stderr])
-        record_recovery(f"submit while redis is down, {'API' if job_id == api_out.strip() else 'direct'} "
-                        "(redis back -> job final)", job.completed_at - fault_at, generating_s=c.generating_s(fault_at))
+        record_recovery(f"submit while redis is down, {how} (redis back -> job final)", job.completed_at - fault_at,
+                        generating_s=c.generating_s(fault_at))
 
 
 def test_s3_down_while_a_unit_generates_then_back_the_job_completes(fault_cluster, private_s3):
