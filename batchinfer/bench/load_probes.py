@@ -26,8 +26,8 @@ def latency_summary(seconds: list[float]) -> dict:
 
 
 def status_phases(at: list[float], seconds: list[float], submits_done_at: float) -> dict:
-    """Status latency while the submits still run (every core validating) and after, with the calls over
-    target: where in the run a slow tail sits."""
+    """Status latency while the submits still run (every core validating) and after: where in the run a
+    slow tail sits."""
     during = [s for t, s in zip(at, seconds) if t < submits_done_at]
     after = [s for t, s in zip(at, seconds) if t >= submits_done_at]
     return {"while_submits_run": latency_summary(during), "after_submits": latency_summary(after)}
