@@ -19,6 +19,14 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
+def salt_root(cache_salt: str | None) -> bytes:
+    """The parent of a sequence's first block (as vLLM's cache_salt): every hash of the chain depends on
+    the salt, so requests with different salts never match each other's blocks. No salt: b""."""
+    if not cache_salt:
+        return b""
+    return hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=16).digest()
+
+
 class Block:
     __slots__ = ("block_id", "ref_count", "hash")
 
@@ -58,7 +66,8 @@ class BlockManager:
         bs, hashes = self.block_size, seq.block_hashes
         while len(hashes) < num_tokens // bs:
             i = len(hashes)
-            hashes.append(block_hash(hashes[-1] if hashes else b"", seq.token_ids[i * bs:(i + 1) * bs]))
+            parent = hashes[-1] if hashes else salt_root(seq.cache_salt)
+            hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes[:num_tokens // bs]
 
     def match_prefix(self, seq: Sequence) -> list[int]:

@@ -46,7 +46,7 @@ class LLMEngine:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
         self.check_request(req)
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
-                       req.arrival_time if req.arrival_time is not None else now())
+                       req.arrival_time if req.arrival_time is not None else now(), req.cache_salt)
         self.seqs[seq.request_id] = seq
         self.runner.sampler.add(seq.request_id, seq.sampling, self.config.device)
         self.scheduler.add(seq)

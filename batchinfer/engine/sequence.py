@@ -14,7 +14,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 arrival_time: float = 0.0):
+                 arrival_time: float = 0.0, cache_salt: str | None = None):
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: empty prompt")
         self.request_id = request_id
@@ -23,6 +23,7 @@ class Sequence:
         self.sampling = sampling
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.cache_salt = cache_salt  # mixed into the first block's hash: no prefix is shared across salts
         self.block_hashes: list[bytes] = []  # content hash chain of the full blocks, filled lazily
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission

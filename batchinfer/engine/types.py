@@ -37,6 +37,7 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float | None = None  # wall clock (time.time()); set by add_request when None
+    cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
 
 
 @dataclass

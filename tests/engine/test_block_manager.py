@@ -14,8 +14,8 @@ pytestmark = pytest.mark.fast
 BS = 4
 
 
-def make_seq(tokens: list[int], rid: str = "r") -> Sequence:
-    return Sequence(rid, tokens, SamplingParams(temperature=0))
+def make_seq(tokens: list[int], rid: str = "r", salt: str | None = None) -> Sequence:
+    return Sequence(rid, tokens, SamplingParams(temperature=0), cache_salt=salt)
 
 
 def admit(bm: BlockManager, seq: Sequence) -> list[int]:
@@ -36,6 +36,15 @@ def test_second_sequence_reuses_the_shared_full_blocks():
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] != a.block_table[2]
     assert bm.blocks[a.block_table[0]].ref_count == 2
     bm.check_integrity([a, b])
+
+
+def test_blocks_are_shared_only_between_sequences_with_the_same_salt():
+    bm = BlockManager(16, BS)
+    admit(bm, make_seq(list(range(13)), "a", salt="scope-a"))
+    assert admit(bm, make_seq(list(range(13)), "b", salt="scope-b")) == []
+    assert admit(bm, make_seq(list(range(13)), "plain")) == []
+    assert len(admit(bm, make_seq(list(range(13)), "a2", salt="scope-a"))) == 3
+    assert len(bm.hash_to_block_id) == 9  # three chains of three full blocks, none shared across salts
 
 
 def test_freed_blocks_stay_cached_and_are_reused_later():

@@ -85,6 +85,17 @@ def test_warm_run_reports_cached_tokens_and_metrics_are_ordered(engine):
         assert r.queue_s >= 0 and 0 < r.ttft_s <= r.e2e_s and r.tpot_s > 0
 
 
+def test_cache_salt_keeps_a_prompt_from_hitting_another_salts_blocks(engine):
+    prompt = chat(engine, "Summarise the rules of chess for a beginner in one line. " * 4)
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    first = engine.generate([GenerationRequest("salt-a", prompt, params, cache_salt="tenant-a")])[0]
+    other = engine.generate([GenerationRequest("salt-b", prompt, params, cache_salt="tenant-b")])[0]
+    same = engine.generate([GenerationRequest("salt-a2", prompt, params, cache_salt="tenant-a")])[0]
+    assert first.cached_tokens == 0 and other.cached_tokens == 0
+    assert same.cached_tokens >= len(prompt) - 16 > 0
+    assert other.output_token_ids == same.output_token_ids == first.output_token_ids
+
+
 def test_on_result_sees_every_request_and_the_list_keeps_input_order(engine):
     reqs = [GenerationRequest(f"o{i}", chat(engine, f"Say the number {i}."),
                               SamplingParams(max_tokens=2 + 3 * (i % 3), temperature=0, ignore_eos=True))
