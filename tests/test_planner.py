@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 
@@ -269,3 +270,51 @@ def test_a_unit_shared_by_jobs_runs_as_early_as_its_least_served_job():
     mixed = [PendingRequest("old", 0, shared + (1,), 4), PendingRequest("new", 0, shared + (2,), 4)]
     units = plan_units(mixed, PlannerConfig(block_size=BS))
     assert len(units) == 1 and service_levels(units, {"old": 50, "new": 0}) == [0]
+
+
+def in_scopes(pending: list[PendingRequest], scope_of_job) -> list[PendingRequest]:
+    return [replace(r, scope=scope_of_job(r.job_id)) for r in pending]
+
+
+@pytest.mark.parametrize("grouping", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_jobs_of_different_scopes_never_share_a_unit_or_a_group(seed, grouping):
+    rng = random.Random(500 + seed)
+    pending, systems, _ = make_workload(rng, jobs=4, per_job=(5, 40))  # every job mixes the same system prompts
+    pending = in_scopes(pending, lambda job: "tenant-a" if job in ("job0", "job2") else "tenant-b")
+    config = PlannerConfig(max_requests_per_unit=rng.choice([4, 16, 64]), block_size=BS, grouping=grouping)
+    units = plan_units(pending, config)
+    assert sorted(key(r) for u in units for r in u.requests) == sorted(key(r) for r in pending)
+    keys_of: dict[str, set[str]] = defaultdict(set)
+    for unit in units:
+        scopes = {r.scope for r in unit.requests}
+        assert len(scopes) == 1, f"a unit mixes scopes {scopes}"
+        keys_of[scopes.pop()].add(unit.prefix_key)
+    assert not (keys_of["tenant-a"] - {""}) & (keys_of["tenant-b"] - {""})
+    per_scope = sum(estimate_plan([r for r in pending if r.scope == s], config).expected_cached_tokens
+                    for s in ("tenant-a", "tenant-b"))
+    assert sum(u.expected_cached_tokens for u in units) <= per_scope
+    assert estimate_plan(pending, config).expected_cached_tokens == per_scope
+
+
+def test_a_system_prompt_in_two_scopes_is_computed_once_in_each():
+    rng = random.Random(7)
+    system = tokens(rng, 10 * BS)
+    pending = [PendingRequest(job, i, system + tokens(rng, 20), 8, 0, float(j), scope=job)
+               for j, job in enumerate(("a", "b")) for i in range(5)]
+    units = plan_units(pending, PlannerConfig(block_size=BS))
+    assert [sorted({r.scope for r in u.requests}) for u in units] == [["a"], ["b"]]
+    assert [u.expected_cached_tokens for u in units] == [4 * 10 * BS, 4 * 10 * BS]  # not 9 x: b re-computes it
+    assert units[0].prefix_key != units[1].prefix_key and units[0].shared_prefix_len == 10 * BS
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_named_scope_plans_exactly_as_no_scope(seed):
+    rng = random.Random(600 + seed)
+    pending, _, _ = make_workload(rng)
+    config = PlannerConfig(max_requests_per_unit=16, block_size=BS)
+    plain = plan_units(pending, config)
+    scoped = plan_units(in_scopes(pending, lambda job: "org:acme"), config)
+    assert [[key(r) for r in u.requests] for u in scoped] == [[key(r) for r in u.requests] for u in plain]
+    assert [(u.shared_prefix_len, u.expected_cached_tokens) for u in scoped] == \
+        [(u.shared_prefix_len, u.expected_cached_tokens) for u in plain]

@@ -4,7 +4,9 @@ With grouping (the default) the requests of one model, across all queued jobs, a
 prefix tree over KV blocks; units keep prefix groups together, follow the tree depth first (most
 prefix reuse first), and carry the group's prefix_key so routing can send a group to the worker
 that holds its prefix. Priority classes run in order and jobs share each class fairly
-(planner.fairness). grouping=False is first come, first served, for comparison.
+(planner.fairness). grouping=False is first come, first served, for comparison. Either way a unit
+holds requests of one cache scope only (PendingRequest.scope): tenants that do not share a scope
+never share a unit, a group or an expected cache hit.
 """
 from __future__ import annotations
 
@@ -62,18 +64,18 @@ def _set_expected_cached(units: list[UnitPlan], tree: PrefixTree, position: dict
 
 
 def _first_come_first_served(pending: list[PendingRequest], config: PlannerConfig) -> list[UnitPlan]:
+    """In arrival order, one open unit per cache scope."""
     ordered = sorted(pending, key=lambda r: (-r.priority, r.submitted_at, r.job_id, r.index))
     units: list[UnitPlan] = []
-    current: list[PendingRequest] = []
-    tokens = 0
+    open_units: dict[str, tuple[list[PendingRequest], int]] = {}
     for req in ordered:
+        current, tokens = open_units.get(req.scope, ([], 0))
         if current and (len(current) >= config.max_requests_per_unit or tokens + req.cost > config.max_tokens_per_unit):
             units.append(UnitPlan(current, ""))
             current, tokens = [], 0
         current.append(req)
-        tokens += req.cost
-    if current:
-        units.append(UnitPlan(current, ""))
+        open_units[req.scope] = current, tokens + req.cost
+    units.extend(UnitPlan(current, "") for current, _ in open_units.values())
     tree = PrefixTree(ordered, config.block_size)
     _set_expected_cached(units, tree, {id(r): p for p, r in enumerate(ordered)})
     return units

@@ -42,8 +42,8 @@ class Grouping:
             stack.extend((child, group) for child in node.children.values())
 
     def _make_group(self, node: Node) -> Group:
-        length = node.depth
-        group = Group(prefix_key(self.tree.requests[node.first].prompt_token_ids[:length]), length, node)
+        length, first = node.depth, self.tree.requests[node.first]
+        group = Group(prefix_key(first.prompt_token_ids[:length], first.scope), length, node)
         self.group_at[id(node)] = group
         return group
 
@@ -53,7 +53,7 @@ class Grouping:
 
 
 class UnitPacker:
-    """Depth-first packing. A group holding at least group_own_unit_fill of a unit gets units of
+    """Depth-first packing, one cache scope after another (a unit never mixes scopes). A group holding at least group_own_unit_fill of a unit gets units of
     its own (evenly sized when it needs several), so units are the grain routing spreads over
     workers; smaller groups share units but are never split; other subtrees are split rather than
     closing a unit below min_unit_fill."""
@@ -67,8 +67,9 @@ class UnitPacker:
         self._cost = 0
 
     def pack(self) -> list[list[int]]:
-        self._pack(self.tree.root)
-        self._flush()
+        for scope_root in self.tree.scope_roots:
+            self._pack(scope_root)
+            self._flush()
         return self.units
 
     def _pack(self, node: Node) -> None:

@@ -2,7 +2,8 @@
 groups and orders requests by.
 
 Two requests share a node exactly when the engine could share those KV blocks between them
-(only full blocks are shared, as in the engine). Edges hold runs of whole blocks, so a request
+(only full blocks are shared, as in the engine, and only within one cache scope: the root has one
+child per scope, at depth 0, and every prefix hangs under its request's scope). Edges hold runs of whole blocks, so a request
 that follows a long shared system prompt costs one tuple comparison, not one per block.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Node:
         self.edge = edge  # token ids from the parent to this node (whole blocks)
         self.depth = depth  # tokens from the root to the end of this node
         self.parent = parent
-        self.children: dict[tuple[int, ...], Node] = {}  # keyed by the child's first block
+        self.children: dict[tuple, Node] = {}  # keyed by the child's first block (the root's: by scope)
         self.ends: list[int] = []  # requests whose last full block ends here
         self.count = 0  # requests in the subtree
         self.cost = 0  # prompt + max_tokens over the subtree
@@ -39,11 +40,23 @@ class PrefixTree:
         self.requests = requests
         self.block_size = block_size
         self.root = Node((), 0, None)
-        self.node_of: list[Node] = [self._insert(p, r.prompt_token_ids) for p, r in enumerate(requests)]
+        self.node_of: list[Node] = [self._insert(p, r.prompt_token_ids, self._scope_root(r.scope))
+                                    for p, r in enumerate(requests)]
         self._annotate()
 
-    def _insert(self, position: int, ids: tuple[int, ...]) -> Node:
-        bs, node, pos = self.block_size, self.root, 0
+    def _scope_root(self, scope: str) -> Node:
+        node = self.root.children.get((scope,))
+        if node is None:
+            node = self.root.children[(scope,)] = Node((), 0, self.root)
+        return node
+
+    @property
+    def scope_roots(self) -> list[Node]:
+        """One node per scope, most reuse first: nothing below two of them is shared."""
+        return self.root.ordered
+
+    def _insert(self, position: int, ids: tuple[int, ...], scope_root: Node) -> Node:
+        bs, node, pos = self.block_size, scope_root, 0
         end = len(ids) // bs * bs
         while pos < end:
             child = node.children.get(ids[pos:pos + bs])
@@ -142,11 +155,12 @@ def _reuse_first(node: Node) -> tuple[int, int]:
     return -node.savings, node.first
 
 
-def prefix_key(token_ids: tuple[int, ...] | list[int]) -> str:
-    """Stable routing key of a token prefix (the same in every process and plan)."""
+def prefix_key(token_ids: tuple[int, ...] | list[int], scope: str = "") -> str:
+    """Stable routing key of a token prefix in a cache scope (the same in every process and plan)."""
     if not token_ids:
         return ""
-    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).hexdigest()
+    salt = scope.encode() + b"\0" if scope else b""
+    return hashlib.blake2b(salt + array("q", token_ids).tobytes(), digest_size=8).hexdigest()
 
 
 @contextmanager

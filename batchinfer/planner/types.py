@@ -12,6 +12,7 @@ class PendingRequest:
     max_tokens: int
     priority: int = 0  # higher runs first
     submitted_at: float = 0.0  # the job's queued time, wall clock
+    scope: str = ""  # the job's cache scope: requests of different scopes never share a unit, group or block
 
     @property
     def cost(self) -> int:
