@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MODEL_ID = "smollm2-135m-instruct"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an organization (cache scope) name, in full
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -70,6 +71,7 @@ class Settings(BaseSettings):
     webhook_poll_s: float = 2.0  # how often a worker delivers what is due
     validation_stale_s: float = 60.0  # a batch `validating` with no progress this long (its validation lost) is validated again
     max_active_batches_per_owner: int = 100  # API: more unfinished batches than this answers 429
+    direct_job_org: str | None = None  # direct (CLI/database) jobs share this org's cache scope; None: their own ("local")
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
     api_key: str | None = None  # the CLI's key for api_url
     api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
@@ -102,6 +104,14 @@ class Settings(BaseSettings):
     @classmethod
     def _window(cls, value: str) -> str:
         parse_duration(value)
+        return value
+
+    @field_validator("direct_job_org")
+    @classmethod
+    def _org(cls, value: str | None) -> str | None:
+        if value is not None and not ORG_NAME.fullmatch(value):
+            raise ValueError("BATCHINFER_DIRECT_JOB_ORG must be 1-64 letters, digits, '.', '_' or '-', "
+                             f"starting with a letter or digit, got {value[:70]!r}")
         return value
 
     @field_validator("storage_url")

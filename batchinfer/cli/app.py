@@ -439,13 +439,14 @@ def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
 def keys_create(name: str = typer.Option(..., help="who the key is for"),
                 webhook: str | None = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
                 admin: bool = typer.Option(False, "--admin", help="may see the workers on the dashboard"),
+                org: str | None = typer.Option(None, "--org", help="share the prefix cache with this org's keys"),
                 as_json: bool = typer.Option(False, "--json")):
     """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
     from batchinfer.jobs import tenants
 
-    key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin)
+    key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin, org=org)
     if as_json:
-        record = {"id": key.id, "name": key.name, "key": secret, "admin": key.is_admin}
+        record = {"id": key.id, "name": key.name, "key": secret, "admin": key.is_admin, "org": key.org}
         if key.webhook_url:
             record |= {"webhook_url": key.webhook_url, "webhook_secret": key.webhook_secret}
         print(json.dumps(record))
@@ -465,7 +466,7 @@ def keys_list(as_json: bool = typer.Option(False, "--json")):
     from batchinfer.cli.render import keys_table
     from batchinfer.jobs import tenants
 
-    rows = [{"id": k.id, "name": k.name, "created_at": int(k.created_at),
+    rows = [{"id": k.id, "name": k.name, "org": k.org, "created_at": int(k.created_at),
              "revoked_at": int(k.revoked_at) if k.revoked_at else None} for k in tenants.list_keys(_context())]
     if as_json:
         print(json.dumps(rows))
@@ -481,6 +482,17 @@ def keys_revoke(key_id: str):
 
     key = tenants.revoke_key(_context(), key_id)
     print(f"{key.id} revoked")
+
+
+@keys_app.command("set-org")
+@friendly_errors
+def keys_set_org(key_id: str, org: str | None = typer.Argument(None, help="the org; leave out for the key's own scope")):
+    """Put a key in an org: keys of one org share the prefix cache and cross-batch prefix groups. Batches
+    the key creates from then on run in the org's scope; without ORG the key gets its own scope back."""
+    from batchinfer.jobs import tenants
+
+    key = tenants.set_org(_context(), key_id, org)
+    print(f"{key.id} is in org {key.org}" if key.org else f"{key.id} has its own cache scope")
 
 
 @db_app.command("upgrade")

@@ -132,7 +132,8 @@ def groups_table_of(groups: list[dict]) -> Table:
 
 
 def keys_table(rows: list[dict]) -> Table:
-    table = _rows_table(_folding("id"), _folding("name"), _folding("created"), _folding("revoked"))
+    table = _rows_table(_folding("id"), _folding("name"), _folding("org"), _folding("created"), _folding("revoked"))
     for row in rows:
-        table.add_row(literal(row["id"]), literal(row["name"]), _when(row["created_at"]), _when(row["revoked_at"]))
+        table.add_row(literal(row["id"]), literal(row["name"]), literal(row["org"] or "-"), _when(row["created_at"]),
+                      _when(row["revoked_at"]))
     return table

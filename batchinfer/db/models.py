@@ -85,6 +85,8 @@ class Job(Base):
     output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
     validation_token: Mapped[str | None] = mapped_column(String(32))  # the validation run that owns a `validating` job
     validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
+    # who may share its prefix cache, groups and units (jobs.scopes): its key's org or key, or "local"
+    cache_scope: Mapped[str] = mapped_column(String(128), default="local", server_default="local")
 
 
 class Request(Base):
@@ -168,6 +170,7 @@ class ApiKey(Base):
     webhook_url: Mapped[str | None] = mapped_column(String(2048))  # receives this key's batch events
     webhook_secret: Mapped[str | None] = mapped_column(String(128))  # signs them (whsec_...), shown once
     is_admin: Mapped[bool] = mapped_column(default=False)  # sees the workers on the dashboard
+    org: Mapped[str | None] = mapped_column(String(64))  # keys of one org share a cache scope; None: its own
 
 
 class File(Base):

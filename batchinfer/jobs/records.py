@@ -47,17 +47,19 @@ class PreparedRequest:
     def from_json(cls, text: str | bytes) -> PreparedRequest:
         return cls.from_dict(json.loads(text))
 
-    def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0) -> PendingRequest:
+    def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "") -> PendingRequest:
         return PendingRequest(job_id, self.index, tuple(self.prompt_token_ids), self.sampling.max_tokens,
-                              priority, submitted_at)
+                              priority, submitted_at, scope)
 
 
 @dataclass
 class UnitRequest:
-    """One line of a unit's input file: a prepared request and the job it belongs to."""
+    """One line of a unit's input file: a prepared request, the job it belongs to, and the engine's cache
+    salt (the job's cache scope; None in a file written before scopes)."""
 
     job_id: str
     request: PreparedRequest
+    cache_salt: str | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -68,13 +70,14 @@ class UnitRequest:
         return f"{self.job_id}:{self.request.index}"
 
     def to_json(self) -> bytes:
-        return json.dumps({"job_id": self.job_id, **self.request.to_dict()}, separators=(",", ":")).encode()
+        return json.dumps({"job_id": self.job_id, "cache_salt": self.cache_salt, **self.request.to_dict()},
+                          separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> UnitRequest:
         entry = json.loads(raw)
-        job_id = entry.pop("job_id")
-        return cls(job_id, PreparedRequest.from_dict(entry))
+        job_id, cache_salt = entry.pop("job_id"), entry.pop("cache_salt", None)
+        return cls(job_id, PreparedRequest.from_dict(entry), cache_salt)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import BinaryIO
 
 from sqlalchemy import delete, insert, select, update
 
-from batchinfer.jobs import formats, keys, webhook_events
+from batchinfer.jobs import formats, keys, scopes, webhook_events
 from batchinfer.jobs.lifecycle import close_unstarted, fail_validation, try_finalize
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
@@ -58,6 +58,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     webhook_url = (metadata or {}).get(webhook_events.METADATA_KEY)
     if webhook_url:
         webhook_events.check_url(webhook_url)
+    fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
     now = now or time.time()
     job_id = new_job_id()
     job = Job(id=job_id, status=JobStatus.VALIDATING, model=model, input_filename=filename,

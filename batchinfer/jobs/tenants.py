@@ -12,6 +12,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.db.session import transaction
 from batchinfer.errors import BatchInferError
+from batchinfer.jobs.scopes import check_org
 from batchinfer.jobs.webhook_events import check_url
 from batchinfer.jobs.webhook_signing import new_secret
 
@@ -22,13 +23,16 @@ def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def create_key(ctx: AppContext, name: str, webhook_url: str | None = None, admin: bool = False) -> tuple[ApiKey, str]:
+def create_key(ctx: AppContext, name: str, webhook_url: str | None = None, admin: bool = False,
+               org: str | None = None) -> tuple[ApiKey, str]:
     """The new key's row and its secret (the only time the secret exists outside the caller). A key with a
-    webhook URL also gets a webhook signing secret (key.webhook_secret), to be shown once too."""
+    webhook URL also gets a webhook signing secret (key.webhook_secret), to be shown once too. A key in an
+    org shares its cache scope with the org's other keys (jobs.scopes); without one it has its own."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time(),
                  webhook_url=check_url(webhook_url) if webhook_url else None,
-                 webhook_secret=new_secret() if webhook_url else None, is_admin=admin)
+                 webhook_secret=new_secret() if webhook_url else None, is_admin=admin,
+                 org=check_org(org) if org else None)
     with transaction(ctx.sessions) as session:
         session.add(key)
     return key, secret
@@ -45,6 +49,16 @@ def revoke_key(ctx: AppContext, key_id: str) -> ApiKey:
         if key is None:
             raise BatchInferError(f"no API key {key_id!r}")
         key.revoked_at = key.revoked_at or time.time()
+    return key
+
+
+def set_org(ctx: AppContext, key_id: str, org: str | None) -> ApiKey:
+    """Move a key into an org (None: back to its own scope); batches it creates from then on run there."""
+    with transaction(ctx.sessions) as session:
+        key = session.get(ApiKey, key_id)
+        if key is None:
+            raise BatchInferError(f"no API key {key_id!r}")
+        key.org = check_org(org) if org else None
     return key
 
 

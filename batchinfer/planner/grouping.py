@@ -53,10 +53,10 @@ class Grouping:
 
 
 class UnitPacker:
-    """Depth-first packing, one cache scope after another (a unit never mixes scopes). A group holding at least group_own_unit_fill of a unit gets units of
-    its own (evenly sized when it needs several), so units are the grain routing spreads over
-    workers; smaller groups share units but are never split; other subtrees are split rather than
-    closing a unit below min_unit_fill."""
+    """Depth-first packing, one cache scope after another (a unit never mixes scopes). A group holding
+    at least group_own_unit_fill of a unit gets units of its own (evenly sized when it needs several), so
+    units are the grain routing spreads over workers; smaller groups share units but are never split;
+    other subtrees are split rather than closing a unit below min_unit_fill."""
 
     def __init__(self, grouping: Grouping, config: PlannerConfig):
         self.grouping = grouping

@@ -70,7 +70,8 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         return []
     prepared = _load_prepared(ctx, pending)
     requests = [prepared[job_id, index].to_pending(job_id, jobs[job_id].priority,
-                                                   jobs[job_id].queued_at or jobs[job_id].created_at)
+                                                   jobs[job_id].queued_at or jobs[job_id].created_at,
+                                                   jobs[job_id].cache_scope)
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans = plan_units(requests, config or planner_config(ctx))
     queues = _route(plans, live_workers or [], worker_loads)
@@ -92,7 +93,7 @@ def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int]]
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
     with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
         for req in plan.requests:
-            out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index]).to_json() + b"\n")
+            out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope).to_json() + b"\n")
 
 
 def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:

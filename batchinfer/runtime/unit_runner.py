@@ -144,7 +144,8 @@ def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on
 
 def _generation_request(r: UnitRequest) -> GenerationRequest:
     # a copy: the engine may set fields (arrival_time) on what it is given
-    return GenerationRequest(r.request_id, list(r.request.prompt_token_ids), replace(r.request.sampling))
+    return GenerationRequest(r.request_id, list(r.request.prompt_token_ids), replace(r.request.sampling),
+                             cache_salt=r.cache_salt)
 
 
 def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None) -> Records:
