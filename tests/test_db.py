@@ -77,3 +77,26 @@ def test_run_start_up_on_a_current_database_never_imports_alembic(tmp_path):
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))")
     out = subprocess.run([sys.executable, "-c", code, url], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.fast
+def test_jobs_made_before_cache_scopes_get_their_keys_scope_or_the_local_one(tmp_path):
+    from alembic import command
+    from sqlalchemy import text
+
+    from batchinfer.db.session import alembic_config
+    url = f"sqlite:///{tmp_path / 'scopes.db'}"
+    command.upgrade(alembic_config(url), "0007_validation_lease")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        for job_id, owner in (("batch_api", "key_abc"), ("batch_cli", None)):
+            conn.execute(text("INSERT INTO jobs (id, status, model, input_filename, metadata, skip_invalid, priority, "
+                              "completion_window_s, total, completed, failed, invalid, prompt_tokens, "
+                              "completion_tokens, cached_tokens, errors, error_count, created_at, expires_at, "
+                              "finalize_attempts, owner_id) VALUES (:id, 'queued', 'm', '', '{}', 0, 0, 60, 0, 0, 0, "
+                              "0, 0, 0, 0, '[]', 0, 0, 60, 0, :owner)"), {"id": job_id, "owner": owner})
+    upgrade(url)
+    with engine.connect() as conn:
+        scopes = dict(conn.execute(text("SELECT id, cache_scope FROM jobs")).all())
+    engine.dispose()
+    assert scopes == {"batch_api": "key:key_abc", "batch_cli": "local"}
