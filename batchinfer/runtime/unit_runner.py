@@ -159,7 +159,7 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
             records[r.key] = _error_record(r, "invalid_request", str(error)[:500])
             continue
         p = r.request
-        line = formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, result, worker)
+        line = formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, result, worker, p.echo)
         records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, result.prompt_tokens,
                                     result.completion_tokens, result.cached_tokens)
     return records
