@@ -1,11 +1,10 @@
 """Every input line body by url: the chat and completions bodies (input_line) and the newer endpoints'."""
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from batchinfer.jobs import input_line
 from batchinfer.jobs.responses_line import RESPONSES_URL, InputMessage, InputText, ResponsesBody
 
-BODIES: dict[str, type[BaseModel]] = {**input_line.BODIES, RESPONSES_URL: ResponsesBody}
+Body = input_line.ChatBody | input_line.CompletionBody | ResponsesBody
+BODIES: dict[str, type[Body]] = {**input_line.BODIES, RESPONSES_URL: ResponsesBody}
 # later models' field rules win in line_problems.RULES: ours name no field the older ones describe otherwise
 MODELS = (*input_line.MODELS, InputText, InputMessage, ResponsesBody)

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, TypeVar
+from typing import BinaryIO, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
-from batchinfer.jobs.bodies import BODIES
+from batchinfer.jobs.bodies import BODIES, Body
 from batchinfer.jobs.input_line import InputLine
+from batchinfer.jobs.responses_line import ResponsesBody
 from batchinfer.jobs.line_problems import Problem, first, one_per_param, problems
 from batchinfer.jobs.records import PreparedRequest
 
@@ -162,7 +163,7 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
         raise _Rejected(("context_length_exceeded",
                          f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
-    echo = body.echo() if hasattr(body, "echo") else None
+    echo = body.echo() if isinstance(body, ResponsesBody) else None
     return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling, echo)
 
 
@@ -199,7 +200,7 @@ def _envelope(obj: dict, seen_ids: set[str]) -> tuple[InputLine, str]:
     return line, custom_id
 
 
-def _body(line: InputLine, custom_id: str) -> Any:
+def _body(line: InputLine, custom_id: str) -> Body:
     """The first problem of the prompt (messages or prompt) and one for each bad sampling field."""
     model = BODIES[line.url]
     body, found = _parse(model, line.body, "body")
