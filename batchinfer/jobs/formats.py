@@ -5,6 +5,7 @@ import hashlib
 import json
 
 from batchinfer.jobs.input_line import CHAT_URL
+from batchinfer.jobs.embeddings_line import embeddings_body
 from batchinfer.jobs.responses_line import RESPONSES_URL, response_body
 
 
@@ -45,6 +46,16 @@ def output_line(job_id: str, index: int, custom_id: str, url: str, model: str, r
     return {"id": f"batch_req_{rid}", "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": rid, "body": completion_body(url, rid, model, result, echo)},
             "error": None, "metrics": metrics(result, worker)}
+
+
+def embeddings_output_line(job_id: str, index: int, custom_id: str, model: str, results: list, worker: str,
+                           echo: dict | None = None) -> dict:
+    """One embedding object for each input's result, in input order."""
+    rid = request_id(job_id, index)
+    body = embeddings_body(model, [r.embedding for r in results], sum(r.prompt_tokens for r in results), echo)
+    return {"id": f"batch_req_{rid}", "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": rid, "body": body},
+            "error": None, "metrics": metrics(results[-1], worker)}
 
 
 def error_line(job_id: str, index: int | None, custom_id: str | None, code: str, message: str,

@@ -1,13 +1,17 @@
-"""`/v1/responses` batches and retries end to end: the official `openai` SDK and the CLI as a thin client
-against a real `batchinfer serve` and worker (the `api` fixture of test_api)."""
+"""`/v1/responses` and `/v1/embeddings` batches and retries end to end: the official `openai` SDK and the CLI
+as a thin client against a real `batchinfer serve` and worker (the `api` fixture of test_api)."""
 from __future__ import annotations
 
+import base64
 import json
 import os
+import struct
 
 import httpx
 import openai
 import pytest
+import torch
+from openai.types import CreateEmbeddingResponse
 from openai.types.responses import Response
 
 from cli_helpers import batchinfer
@@ -44,6 +48,52 @@ def test_a_responses_batch_gives_response_objects(api):  # noqa: F811
     (refused,) = lines_of(c, batch.error_file_id)
     assert refused["custom_id"] == "tools" and refused["error"]["code"] == "invalid_field"
     assert refused["error"]["param"] == "body.tools"
+
+
+def embedding_line(custom_id: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
+                       "body": {"model": "smollm2-135m-instruct", **body}})
+
+
+def _reference(model_cache: str, ids: list[int]) -> torch.Tensor:
+    """transformers' own fp32 last-token pooling of the final (normed) hidden states."""
+    from batchinfer.engine.loader import load_model
+
+    with torch.inference_mode():
+        out = load_model(None, model_cache).hf_model(torch.tensor([ids]), output_hidden_states=True)
+    return torch.nn.functional.normalize(out.hidden_states[-1][0, -1].float(), dim=0)
+
+
+def test_an_embeddings_batch_gives_embedding_lists(api, tokenizer, model_cache):  # noqa: F811
+    c = client(api, new_key(api))
+    cat, tax = "The cat sat on the mat.", "Tax law is complicated."
+    cat_ids = tokenizer.encode(cat, add_special_tokens=False)
+    uploaded = c.files.create(file=("in.jsonl", jsonl([
+        embedding_line("cat", input=cat), embedding_line("cat-again", input=cat), embedding_line("tax", input=tax),
+        embedding_line("both", input=[cat, tax]), embedding_line("ids", input=cat_ids),
+        embedding_line("b64", input=cat, encoding_format="base64"), embedding_line("short", input=cat, dimensions=16),
+        chat_line("chat", "Hi")])), purpose="batch")
+    batch = wait_final(c, c.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings",
+                                           completion_window="24h", extra_body={"skip_invalid": True}).id)
+    assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (7, 1)
+    (refused,) = lines_of(c, batch.error_file_id)
+    assert (refused["custom_id"], refused["error"]["code"]) == ("chat", "unsupported_url")
+    bodies = {o["custom_id"]: o["response"]["body"] for o in lines_of(c, batch.output_file_id)}
+    b64 = bodies.pop("b64")["data"][0]["embedding"]
+    out = {k: CreateEmbeddingResponse.model_validate(v) for k, v in bodies.items()}
+    vec = {k: torch.tensor([d.embedding for d in v.data]) for k, v in out.items()}
+    cat_vec = vec["cat"][0]
+    assert out["cat"].usage.prompt_tokens == len(cat_ids) and abs(cat_vec.norm().item() - 1) < 1e-4
+    assert torch.allclose(cat_vec, vec["cat-again"][0], atol=1e-3) and torch.allclose(cat_vec, vec["ids"][0], atol=1e-3)
+    assert (cat_vec - vec["tax"][0]).abs().max() > 1e-2
+    assert vec["both"].shape[0] == 2 and torch.allclose(vec["both"], torch.stack([cat_vec, vec["tax"][0]]), atol=1e-3)
+    assert out["both"].usage.prompt_tokens == out["cat"].usage.prompt_tokens + out["tax"].usage.prompt_tokens
+    decoded = torch.tensor(struct.unpack(f"<{len(cat_vec)}f", base64.b64decode(b64)))
+    assert torch.allclose(decoded, cat_vec, atol=1e-3)
+    assert vec["short"].shape == (1, 16)
+    assert torch.allclose(vec["short"][0], torch.nn.functional.normalize(cat_vec[:16], dim=0), atol=1e-3)
+    # the worker may run in bf16: the fp32 match within 1e-4 is tests/engine/test_embeddings.py's
+    assert torch.nn.functional.cosine_similarity(cat_vec, _reference(model_cache, cat_ids), dim=0) > 0.99
 
 
 def test_retry_runs_only_what_expired_and_merged_holds_each_custom_id_once(api, tmp_path):  # noqa: F811
