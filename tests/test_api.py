@@ -138,7 +138,7 @@ def test_cancel_keeps_finished_results(api):
 def test_a_bad_file_fails_with_errors_naming_each_line(api):
     c = client(api, new_key(api))
     bad = jsonl([chat_line("ok", "Hi"), "{not json", json.dumps({"custom_id": "x", "method": "POST",
-                                                                  "url": "/v1/embeddings", "body": {}})])
+                                                                  "url": "/v1/moderations", "body": {}})])
     batch = c.batches.create(input_file_id=c.files.create(file=("bad.jsonl", bad), purpose="batch").id,
                              endpoint="/v1/chat/completions", completion_window="24h")
     final = wait_final(c, batch.id)

@@ -53,7 +53,7 @@ def test_every_line_problem_is_reported_with_line_code_and_param(tiny_tokenizer)
         "[1, 2]",                                                                          # 3
         json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}),              # 4 missing custom_id
         chat_line("ok-1", "dup"),                                                          # 5
-        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/embeddings", "body": {}}),  # 6
+        json.dumps({"custom_id": "u", "method": "POST", "url": "/v1/moderations", "body": {}}),  # 6
         chat_line("m", "hi", model="gpt-4o"),                                              # 7
         chat_line("t", "hi", temperature=5),                                               # 8
         completion_line("long", "hello " * 100, max_tokens=8150),                          # 9

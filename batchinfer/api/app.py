@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI
 
-from batchinfer.api import batches, dashboard, errors, files, metrics
+from batchinfer.api import anthropic_batches, batches, dashboard, errors, files, metrics, retry
 from batchinfer.api.auth import api_key
 from batchinfer.api.work import WorkQueue
 from batchinfer.context import AppContext
@@ -41,6 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(dashboard.router)
+    anthropic_batches.install(app)
+    app.include_router(retry.router)
     if STATIC_DIR.is_dir():  # the dashboard, when present, answers everything the API does not
         from fastapi.staticfiles import StaticFiles
 

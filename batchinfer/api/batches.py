@@ -21,7 +21,7 @@ from batchinfer.jobs.batch_view import batch_object
 from batchinfer.settings import parse_duration
 
 router = APIRouter(prefix="/v1/batches")
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 
 
 class OutputExpiresAfter(BaseModel):

@@ -13,6 +13,7 @@ from batchinfer.api.pages import page
 from batchinfer.context import AppContext
 from batchinfer.jobs import files
 from batchinfer.jobs.files import FileTooLarge, FileView
+from batchinfer.api.merged_content import merged_content
 
 router = APIRouter(prefix="/v1/files")
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the file part
@@ -60,8 +61,11 @@ def retrieve(file_id: str, ctx: AppContext = Depends(context), owner: str = Depe
 
 
 @router.get("/{file_id}/content")
-def content(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> StreamingResponse:
+def content(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id),
+            merged: bool = False) -> StreamingResponse:
     view = files.get(ctx, owner, file_id)
+    if merged:  # ours: the batch's output with its retries' (jobs.merged)
+        return merged_content(ctx, owner, file_id)
 
     def chunks():
         with ctx.storage.open_read(view.storage_key) as stream:

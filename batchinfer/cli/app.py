@@ -344,10 +344,16 @@ def cancel(job_id: str, as_json: bool = typer.Option(False, "--json")):
 @app.command()
 @friendly_errors
 def download(job_id: str, output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
-             errors: Path | None = typer.Option(None, "--errors", help="where to write the error file")):
+             errors: Path | None = typer.Option(None, "--errors", help="where to write the error file"),
+             merged: bool = typer.Option(False, "--merged", help="the job and its retries as one file: each "
+                                         "custom_id once, the latest success winning")):
     """Download a finished job's results (and errors)."""
     client = _client()
-    if client is not None:
+    if merged:
+        from batchinfer.cli.retry_command import merged_fetch
+
+        fetch = merged_fetch(job_id)
+    elif client is not None:
         batch = client.get(job_id)
         fetch = functools.partial(client.download, batch)
     else:
@@ -514,6 +520,7 @@ from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
 from batchinfer.bench.load_command import bench_load_command  # noqa: E402
 from batchinfer.bench.process_command import bench_process_command  # noqa: E402
 from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
+from batchinfer.cli.retry_command import retry_command  # noqa: E402
 
 app.command("bench")(bench)
 app.command("bench-grouping")(bench_grouping_command)
@@ -521,6 +528,7 @@ app.command("bench-api")(bench_api_command)
 app.command("bench-process")(bench_process_command)
 app.command("bench-startup")(bench_startup_command)
 app.command("bench-load")(bench_load_command)
+app.command("retry")(retry_command)
 
 
 def main() -> None:

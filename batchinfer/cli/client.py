@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Sequence
 
 import httpx
 
@@ -66,6 +66,15 @@ class ApiClient:
     def cancel(self, batch_id: str) -> dict:
         return self._call("POST", f"/v1/batches/{batch_id}/cancel")
 
+    def retry(self, batch_id: str, codes: Sequence[str], completion_window: str | None) -> dict:
+        body = {"error_codes": codes or None, "completion_window": completion_window}
+        return self._wait_validated(self._call("POST", f"/v1/batches/{batch_id}/retry", json=body))
+
+    def download_merged(self, batch: dict, target: BinaryIO) -> bool:
+        if batch["output_file_id"] is None:
+            raise BatchInferError(f"job {batch['id']} is {batch['status']}; its results are ready when it is completed")
+        return self._stream(f"/v1/files/{batch['output_file_id']}/content", target, params={"merged": "true"})
+
     def plan(self, path: Path) -> dict:
         with open(path, "rb") as source:
             uploaded = self._call("POST", "/v1/files", files={"file": (path.name, source, "application/jsonl")},
@@ -81,7 +90,10 @@ class ApiClient:
             if batch["status"] not in JobStatus.TERMINAL:
                 raise BatchInferError(f"job {batch['id']} is {batch['status']}; its results are ready when it is completed")
             return False
-        with self.http.stream("GET", f"/v1/files/{file_id}/content") as response:
+        return self._stream(f"/v1/files/{file_id}/content", target)
+
+    def _stream(self, path: str, target: BinaryIO, **kwargs) -> bool:
+        with self.http.stream("GET", path, **kwargs) as response:
             if response.status_code >= 400:
                 response.read()
                 raise _error(response)

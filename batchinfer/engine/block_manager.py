@@ -37,11 +37,13 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 share_embed_prefix: bool = True):
         if num_blocks < 1:
             raise ValueError(f"need at least one KV block, got {num_blocks}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.share_embed_prefix = share_embed_prefix  # False under mean pooling: it needs every token's hidden state
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: deque[int] = deque(range(num_blocks))
         self.cached_block_ids: OrderedDict[int, None] = OrderedDict()  # evictable, oldest first
@@ -73,7 +75,7 @@ class BlockManager:
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding seq's longest known prefix, leaving at least one token to compute.
         Matching does not lock: call allocate_prefix before anything else can evict them."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.sampling.embed and not self.share_embed_prefix:
             return []
         hits = []
         for h in self.full_block_hashes(seq, len(seq) - 1):

@@ -14,6 +14,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+POOLINGS = ("last", "mean")
+
+
 @dataclass
 class EngineConfig:
     block_size: int = 16
@@ -29,6 +32,7 @@ class EngineConfig:
     starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
     int8_max_rows: int | None = None  # steps of at most this many tokens use int8 weights; None: auto, 0: off
     int8_after_steps: int = DEFAULT_AFTER_STEPS  # small steps run in bf16 before the int8 copies are made
+    pooling: str = "last"  # an embed request's pooling: "last" token (decoder embedders) or "mean" of the prompt
 
     def __post_init__(self):
         try:
@@ -52,6 +56,7 @@ class EngineConfig:
             self.int8_max_rows = auto_max_rows(self.device, self.torch_dtype)
         _check(self.int8_max_rows >= 0, "int8_max_rows", self.int8_max_rows, "must be >= 0")
         _check(self.int8_after_steps >= 0, "int8_after_steps", self.int8_after_steps, "must be >= 0")
+        _check(self.pooling in POOLINGS, "pooling", self.pooling, f"must be one of {POOLINGS}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

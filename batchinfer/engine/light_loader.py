@@ -36,6 +36,9 @@ class LightTokenizer:
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
         self._template: Template | None = None
 
+    def __len__(self) -> int:  # as transformers' tokenizers: the vocabulary with its added tokens
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

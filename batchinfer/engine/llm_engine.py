@@ -1,7 +1,7 @@
 """LLMEngine: requests in, results out; each step schedules a batch, runs it, folds the tokens back."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from .attention import make_attention_backend
@@ -28,7 +28,7 @@ class LLMEngine:
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
+                                          self.config.enable_prefix_caching, self.config.pooling == "last")
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.stop_checker = StopChecker(self.tokenizer, eos_token_ids(loaded), self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
@@ -57,8 +57,10 @@ class LLMEngine:
             return []
         self._mark_scheduled(seqs)
         sampled = self.runner.run(seqs)
+        embedded = self.runner.take_embeddings()
         finished = self.scheduler.postprocess(seqs, sampled, self.stop_checker)
-        self._mark_tokens(seqs, sampled)
+        finished += self._finish_embedded(seqs, embedded)
+        self._mark_tokens(seqs, sampled.keys() | embedded.keys())
         return [self._result(s) for s in finished]
 
     def has_unfinished(self) -> bool:
@@ -129,7 +131,15 @@ class LLMEngine:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = t
 
-    def _mark_tokens(self, seqs: list[Sequence], sampled: dict[str, int]) -> None:
+    def _finish_embedded(self, seqs: list[Sequence], embedded: dict[str, list[float]]) -> list[Sequence]:
+        """An embed request ends with its prefill: no token is sampled."""
+        done = [s for s in seqs if s.request_id in embedded]
+        for seq in done:
+            seq.embedding = embedded[seq.request_id]
+            self.scheduler.finish(seq, "stop")
+        return done
+
+    def _mark_tokens(self, seqs: list[Sequence], sampled: Collection[str]) -> None:
         t = now()
         for seq in seqs:
             if seq.request_id in sampled:
@@ -159,6 +169,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         first_scheduled_time=seq.first_scheduled_time,
         first_token_time=seq.first_token_time,
         last_token_time=seq.last_token_time,
+        embedding=seq.embedding,
     )
 
 

@@ -19,6 +19,7 @@ from .config import EngineConfig
 from .int8 import Int8Policy
 from .loader import CausalLM
 from .models import LlamaForCausalLM
+from .pooler import Pooler
 from .sampler import Sampler
 from .sequence import Sequence
 
@@ -30,6 +31,8 @@ class BatchInputs:
     meta: AttentionMetadata
     sample_indices: torch.Tensor
     sample_seqs: list[Sequence]
+    ordered: list[Sequence]  # the batch's sequences in row order
+    meta_cu: list[int]  # where each one's rows start (cu_seqlens_q as a list)
 
 
 def kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
@@ -57,6 +60,7 @@ class ModelRunner:
                              f"({kv_bytes_per_block(hf_model.config, config)} B each)")
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler()
+        self.pooler = Pooler(config.pooling)
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         m = self.model
@@ -68,12 +72,19 @@ class ModelRunner:
     def run(self, seqs: list[Sequence]) -> dict[str, int]:
         """Run one step; returns the token sampled for each sequence that reached its end."""
         batch = self.prepare(seqs)
-        logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_caches, batch.sample_indices)
+        chunks = self.pooler.chunks(batch.ordered, batch.meta_cu)
+        logits, hidden = self.model.forward_with_hidden(batch.input_ids, batch.positions, batch.meta, self.kv_caches,
+                                                        batch.sample_indices, self.pooler.rows(chunks, self.device))
+        self.pooler.fold(chunks, hidden)
         if not batch.sample_seqs:
             return {}
         ids = [s.request_id for s in batch.sample_seqs]
         tokens = self.sampler.sample(logits, ids, [s.sampling for s in batch.sample_seqs])
         return dict(zip(ids, tokens))
+
+    def take_embeddings(self) -> dict[str, list[float]]:
+        """The embeddings of the embed requests whose prompt the last run finished."""
+        return self.pooler.take()
 
     # batch preparation -----------------------------------------------------------------------------
 
@@ -98,7 +109,7 @@ class ModelRunner:
         )
         sample_indices, sample_seqs = self.prepare_sample(ordered, cu)
         return BatchInputs(self._tensor(ids_d + ids_p, torch.int64), self._tensor(pos_d + pos_p, torch.int64),
-                           meta, sample_indices, sample_seqs)
+                           meta, sample_indices, sample_seqs, ordered, cu)
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
         bs = self.block_size
@@ -119,7 +130,7 @@ class ModelRunner:
         return input_ids, positions, slots
 
     def prepare_sample(self, seqs: list[Sequence], cu: list[int]) -> tuple[torch.Tensor, list[Sequence]]:
-        picked = [(cu[i + 1] - 1, s) for i, s in enumerate(seqs) if s.samples_this_step()]
+        picked = [(cu[i + 1] - 1, s) for i, s in enumerate(seqs) if s.samples_this_step() and not s.sampling.embed]
         return self._tensor([i for i, _ in picked], torch.int64), [s for _, s in picked]
 
     def _chunk_slots(self, block_table: list[int], start: int, end: int) -> list[int]:

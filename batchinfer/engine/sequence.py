@@ -38,6 +38,7 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        self.embedding: list[float] | None = None  # an embed request's result
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -14,6 +14,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    embed: bool = False  # prefill only: the result is the prompt's pooled hidden state, no token is sampled
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -53,6 +54,7 @@ class GenerationResult:
     first_token_time: float
     last_token_time: float
     error: str | None = None  # set (finish_reason "error") when the engine could not run this request
+    embedding: list[float] | None = None  # an embed request's pooled, L2-normalized hidden state
 
     @classmethod
     def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":

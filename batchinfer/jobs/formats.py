@@ -5,6 +5,8 @@ import hashlib
 import json
 
 from batchinfer.jobs.input_line import CHAT_URL
+from batchinfer.jobs.embeddings_line import embeddings_body
+from batchinfer.jobs.responses_line import RESPONSES_URL, response_body
 
 
 def request_id(job_id: str, index: int) -> str:
@@ -23,7 +25,9 @@ def metrics(result, worker: str) -> dict:
             "tpot_s": round(result.tpot_s, 6), "e2e_s": round(result.e2e_s, 6), "worker": worker}
 
 
-def completion_body(url: str, rid: str, model: str, result) -> dict:
+def completion_body(url: str, rid: str, model: str, result, echo: dict | None = None) -> dict:
+    if url == RESPONSES_URL:
+        return response_body(rid, model, result, echo)
     created = int(result.last_token_time)
     use = usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
     if url == CHAT_URL:
@@ -36,11 +40,22 @@ def completion_body(url: str, rid: str, model: str, result) -> dict:
             "choices": [choice], "usage": use}
 
 
-def output_line(job_id: str, index: int, custom_id: str, url: str, model: str, result, worker: str) -> dict:
+def output_line(job_id: str, index: int, custom_id: str, url: str, model: str, result, worker: str,
+                echo: dict | None = None) -> dict:
     rid = request_id(job_id, index)
     return {"id": f"batch_req_{rid}", "custom_id": custom_id,
-            "response": {"status_code": 200, "request_id": rid, "body": completion_body(url, rid, model, result)},
+            "response": {"status_code": 200, "request_id": rid, "body": completion_body(url, rid, model, result, echo)},
             "error": None, "metrics": metrics(result, worker)}
+
+
+def embeddings_output_line(job_id: str, index: int, custom_id: str, model: str, results: list, worker: str,
+                           echo: dict | None = None) -> dict:
+    """One embedding object for each input's result, in input order."""
+    rid = request_id(job_id, index)
+    body = embeddings_body(model, [r.embedding for r in results], sum(r.prompt_tokens for r in results), echo)
+    return {"id": f"batch_req_{rid}", "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": rid, "body": body},
+            "error": None, "metrics": metrics(results[-1], worker)}
 
 
 def error_line(job_id: str, index: int | None, custom_id: str | None, code: str, message: str,

@@ -13,9 +13,9 @@ from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
 
-Url = Literal["/v1/chat/completions", "/v1/completions"]
+Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.bodies
 SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
-CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS
+CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS[:2]
 Role = Literal["system", "user", "assistant", "developer"]
 ROLES = get_args(Role)
 MAX_STOP = 4

@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from batchinfer.errors import shown
-from batchinfer.jobs.input_line import MODELS
+from batchinfer.jobs.bodies import MODELS
 
 # pydantic's error type -> our code (our own validators raise with our code as the type); else FIELD_CODES
 ERROR_CODES = {"missing": "missing_field", "invalid_field": "invalid_field"}
@@ -25,8 +25,10 @@ class Problem:
     path: tuple[str | int, ...]  # the param as steps into the line: field names and list indexes
 
 
-def problems(exc: ValidationError, data: Any, prefix: str = "") -> list[Problem]:
-    return [_problem(error, data, prefix) for error in exc.errors(include_url=False)]
+def problems(exc: ValidationError, data: Any, prefix: str = "", model: type[BaseModel] | None = None) -> list[Problem]:
+    """model: whose own top-level field rules win (two bodies may describe a field of one name differently)."""
+    own = {name: info.description for name, info in model.model_fields.items()} if model else {}
+    return [_problem(error, data, prefix, own) for error in exc.errors(include_url=False)]
 
 
 def first(found: list[Problem]) -> Problem:
@@ -43,7 +45,7 @@ def one_per_param(found: list[Problem]) -> list[Problem]:
     return list(kept.values())
 
 
-def _problem(error: ErrorDetails, data: Any, prefix: str) -> Problem:
+def _problem(error: ErrorDetails, data: Any, prefix: str, own: dict[str, str | None]) -> Problem:
     path = _path(error["loc"])
     param = _param(prefix, path)
     field = next((step for step in reversed(path) if isinstance(step, str)), "")
@@ -58,7 +60,8 @@ def _problem(error: ErrorDetails, data: Any, prefix: str) -> Problem:
     elif kind in ERROR_CODES:
         message = f"{param} {error['msg']}, got {shown(_value_at(data, path))}"
     else:
-        message = f"{param} must be {RULES.get(field) or error['msg']}, got {shown(_value_at(data, path))}"
+        rule = own.get(field) if len(path) == 1 else None
+        message = f"{param} must be {rule or RULES.get(field) or error['msg']}, got {shown(_value_at(data, path))}"
     return Problem(code, param, message, path)
 
 

@@ -28,6 +28,7 @@ class PreparedRequest:
     model: str
     prompt_token_ids: list[int]
     sampling: SamplingParams
+    echo: dict[str, Any] | None = None  # request fields the output body repeats (a Response's metadata)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies every prompt token id (~1 ms a request; validation and dispatch

@@ -167,7 +167,9 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
                                                            error.message, error.line, error.param)))
             commit_when_due()
 
-        report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, on_invalid)
+        limits = validation_limits(ctx.settings, max_model_len)
+        limits.endpoint = job.endpoint
+        report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
         _commit_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
     return report
 

@@ -13,7 +13,10 @@ from typing import BinaryIO, Callable, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
-from batchinfer.jobs.input_line import BODIES, ChatBody, CompletionBody, InputLine
+from batchinfer.jobs.bodies import BODIES, Body
+from batchinfer.jobs.input_line import InputLine
+from batchinfer.jobs.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
+from batchinfer.jobs.responses_line import ResponsesBody
 from batchinfer.jobs.line_problems import Problem, first, one_per_param, problems
 from batchinfer.jobs.records import PreparedRequest
 
@@ -50,6 +53,7 @@ class ValidationLimits:
     max_file_bytes: int = 200 * 1024 * 1024
     default_max_tokens: int = 256
     max_errors_kept: int = 1000
+    endpoint: str | None = None  # the batch's (None: a file submitted without one)
 
 
 @dataclass
@@ -153,7 +157,10 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
     if model != limits.model_id:
         raise _Rejected(("model_not_found", f"model {shown(model)} is not served here (use {limits.model_id!r})",
                          "body.model", custom_id))
+    _check_endpoint(line.url, limits.endpoint, custom_id)
     body = _body(line, custom_id)
+    if isinstance(body, EmbeddingsBody):
+        return _prepare_embedding(index, number, custom_id, line.url, model, body, tokenizer, limits)
     prompt_ids = list(tokenizer.encode(body.prompt_text(tokenizer), add_special_tokens=False))
     sampling = body.params(limits.default_max_tokens)
     needed = len(prompt_ids) + sampling.max_tokens
@@ -161,7 +168,32 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
         raise _Rejected(("context_length_exceeded",
                          f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
-    return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling)
+    echo = body.echo() if isinstance(body, ResponsesBody) else None
+    return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling, echo)
+
+
+def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:
+    """An embeddings batch holds only embedding lines, and embedding lines only go in one (as OpenAI requires)."""
+    if endpoint is not None and (url == EMBEDDINGS_URL) != (endpoint == EMBEDDINGS_URL):
+        raise _Rejected(("unsupported_url", f"a line for {url} cannot be in a batch whose endpoint is {endpoint}",
+                         "url", custom_id))
+
+
+def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBody, tokenizer,
+                       limits: ValidationLimits) -> PreparedRequest:
+    inputs = body.token_inputs(tokenizer)
+    vocab = len(tokenizer)
+    for k, ids in enumerate(inputs):
+        if not ids:
+            raise _Rejected(("invalid_field", f"body.input: input {k} has no tokens", "body.input", custom_id))
+        if max(ids) >= vocab:
+            raise _Rejected(("invalid_field", f"body.input: input {k} holds token id {max(ids)}, not in the "
+                             f"vocabulary of {vocab}", "body.input", custom_id))
+        if len(ids) >= limits.max_model_len:
+            raise _Rejected(("context_length_exceeded", f"input {k} ({len(ids)} tokens) is over the model's "
+                             f"context of {limits.max_model_len} tokens", "body.input", custom_id))
+    return PreparedRequest(index, number, custom_id, url, model, inputs[0], body.params(limits.default_max_tokens),
+                           body.echo(inputs))
 
 
 def _decode(raw: bytes) -> dict:
@@ -197,7 +229,7 @@ def _envelope(obj: dict, seen_ids: set[str]) -> tuple[InputLine, str]:
     return line, custom_id
 
 
-def _body(line: InputLine, custom_id: str) -> ChatBody | CompletionBody:
+def _body(line: InputLine, custom_id: str) -> Body:
     """The first problem of the prompt (messages or prompt) and one for each bad sampling field."""
     model = BODIES[line.url]
     body, found = _parse(model, line.body, "body")
@@ -213,4 +245,4 @@ def _parse(model: type[M], data: dict, prefix: str = "") -> tuple[M | None, list
     try:
         return model.model_validate(data), []
     except ValidationError as exc:
-        return None, problems(exc, data, prefix)
+        return None, problems(exc, data, prefix, model)

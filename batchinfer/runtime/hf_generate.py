@@ -49,6 +49,8 @@ class HFGenerator:
 
     @torch.inference_mode()
     def _generate_one(self, req: GenerationRequest) -> GenerationResult:
+        if req.sampling.embed:
+            return GenerationResult.failed(req, "embeddings need the engine backend")
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling, req.arrival_time or time.time())
         seq.first_scheduled_time = time.time()
         self.sampler.add(seq.request_id, seq.sampling)

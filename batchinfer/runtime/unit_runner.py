@@ -20,6 +20,7 @@ from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitSta
 from batchinfer.db.session import retrying
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 from batchinfer.jobs.records import UnitRequest, UnitResult
+from batchinfer.runtime import embedding_parts
 from batchinfer.runtime.generator import CheckingGenerator, Generator
 
 log = logging.getLogger(__name__)
@@ -152,17 +153,23 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
     if not requests:
         return {}
     by_id = {r.request_id: r for r in requests}
+    expanded = {r.request_id: embedding_parts.expand(_generation_request(r), (r.request.echo or {}).get("inputs"))
+                for r in requests}
+    parts = {rid: len(e) for rid, e in expanded.items() if len(e) > 1}
     records: Records = {}
-    for result in generator.generate([_generation_request(r) for r in requests], on_result=on_result):
-        r = by_id[result.request_id]
-        error = getattr(result, "error", None)  # an engine that reports per-request errors
+    results = generator.generate([g for e in expanded.values() for g in e], on_result=on_result)
+    for request_id, found in embedding_parts.grouped(results, parts):
+        r = by_id[request_id]
+        error = next((e for e in (getattr(x, "error", None) for x in found) if e), None)  # per-request errors
         if error:
             records[r.key] = _error_record(r, "invalid_request", str(error)[:500])
             continue
         p = r.request
-        line = formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, result, worker)
-        records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, result.prompt_tokens,
-                                    result.completion_tokens, result.cached_tokens)
+        line = (formats.embeddings_output_line(r.job_id, p.index, p.custom_id, p.model, found, worker, p.echo)
+                if p.sampling.embed else
+                formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, found[0], worker, p.echo))
+        records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, sum(x.prompt_tokens for x in found),
+                                    sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
     return records
 
 

@@ -63,15 +63,26 @@ class LlamaForCausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor) -> torch.Tensor:
         """input_ids/positions: [num_tokens]; returns float32 logits [len(sample_indices), vocab]."""
+        return self.forward_with_hidden(input_ids, positions, meta, kv_caches, sample_indices, sample_indices[:0])[0]
+
+    @torch.inference_mode()
+    def forward_with_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                            kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor,
+                            hidden_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests).
+        A step with such rows runs without int8 weights: an embedding must match the model's own."""
         hidden = F.embedding(input_ids, self.embed)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        packs = self.int8.for_step(input_ids.shape[0], self.projection_weights)
+        packs = None if hidden_indices.numel() else self.int8.for_step(input_ids.shape[0], self.projection_weights)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             linear = _Linear(packs, f"layers.{i}.")
             hidden = hidden + self._attention(layer, linear, hidden, cos, sin, k_cache, v_cache, meta)
             hidden = hidden + self._mlp(layer, linear, hidden)
-        last = F.rms_norm(hidden[sample_indices], (self.hidden_size,), self.final_norm, self.eps)
-        return _Linear(packs, "")(last, self.lm_head, "lm_head").float()
+        rows = torch.cat([sample_indices, hidden_indices])
+        normed = F.rms_norm(hidden[rows], (self.hidden_size,), self.final_norm, self.eps)
+        n = sample_indices.numel()
+        logits = _Linear(packs, "")(normed[:n], self.lm_head, "lm_head").float()
+        return logits, normed[n:].float()
 
     def projection_weights(self) -> dict[str, torch.Tensor]:
         """The [out, in] matrices int8 may replace: every layer's projections and the LM head."""

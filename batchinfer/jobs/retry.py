@@ -1,0 +1,80 @@
+"""Retry what did not finish: a new batch from the original input lines whose requests ended failed, expired
+or cancelled (optionally only some error codes), linked to the original by metadata.retry_of. Nothing that
+succeeded runs again."""
+from __future__ import annotations
+
+import json
+from tempfile import SpooledTemporaryFile
+from typing import BinaryIO, cast
+
+from sqlalchemy import select
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
+from batchinfer.errors import InvalidRequest, JobConflict
+from batchinfer.jobs import service
+
+RETRY_OF = "retry_of"  # the metadata key naming the batch a retry came from
+RETRYABLE = (RequestStatus.FAILED, RequestStatus.EXPIRED, RequestStatus.CANCELLED)
+UNFINISHED_CODES: dict[str, str] = {RequestStatus.CANCELLED: "batch_cancelled", RequestStatus.EXPIRED: "batch_expired"}
+MAX_METADATA = 16
+SPOOL_BYTES = 8 * 1024 * 1024
+
+
+def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: set[str] | None = None,
+                 completion_window: str | None = None) -> Job:
+    """The retry batch, in `validating` (the caller validates it as any new batch). Lines that were invalid
+    are not retried: they would fail the same way. The window is `completion_window`, else the setting's
+    (not the original's: a batch that expired would expire again)."""
+    job = service.get(ctx, job_id, owner=owner)
+    if job.status not in JobStatus.TERMINAL:
+        raise JobConflict(f"job {job_id} is {job.status}; retry it once it has ended")
+    wanted = retry_ids(ctx, job, codes)
+    if not wanted:
+        which = f" with code {', '.join(sorted(codes))}" if codes else ""
+        raise InvalidRequest(f"nothing_to_retry: job {job_id} has no failed, expired or cancelled request{which}")
+    with SpooledTemporaryFile(SPOOL_BYTES) as spooled:
+        source = cast(BinaryIO, spooled)
+        _copy_lines(ctx, job, wanted, source)
+        source.seek(0)
+        return service.create_job(ctx, source=source, filename=job.input_filename, model=job.model,
+                                  metadata=_metadata(job), completion_window=completion_window,
+                                  skip_invalid=job.skip_invalid, priority=job.priority, owner_id=job.owner_id,
+                                  endpoint=job.endpoint, output_expires_after_s=job.output_expires_after_s)
+
+
+def retry_ids(ctx: AppContext, job: Job, codes: set[str] | None = None) -> set[str]:
+    """custom_ids of the job's requests that did not succeed, those whose error code is in `codes` when given."""
+    with ctx.sessions() as session:
+        rows = list(session.execute(select(Request.custom_id, Request.status)
+                                    .where(Request.job_id == job.id, Request.status.in_(RETRYABLE))))
+    if codes is None:
+        return {custom_id for custom_id, _ in rows}
+    code_of = {cid: UNFINISHED_CODES[status] for cid, status in rows if status in UNFINISHED_CODES}
+    failed = {cid for cid, status in rows if status == RequestStatus.FAILED}
+    if failed and job.error_key:
+        with ctx.storage.open_read(job.error_key) as stream:
+            for raw in stream:
+                entry = json.loads(raw)
+                if entry.get("custom_id") in failed:
+                    code_of[entry["custom_id"]] = entry["error"]["code"]
+    return {cid for cid, code in code_of.items() if code in codes}
+
+
+def _copy_lines(ctx: AppContext, job: Job, wanted: set[str], target: BinaryIO) -> None:
+    """The original lines of `wanted`, byte for byte, in input order."""
+    left = set(wanted)
+    with ctx.storage.open_read(job.input_key or "") as stream:
+        for raw in stream:
+            try:
+                custom_id = json.loads(raw).get("custom_id")
+            except (ValueError, AttributeError):
+                continue
+            if custom_id in left:
+                left.discard(custom_id)
+                target.write(raw if raw.endswith(b"\n") else raw + b"\n")
+
+
+def _metadata(job: Job) -> dict[str, str]:
+    kept = {k: v for k, v in (job.metadata_ or {}).items() if k != RETRY_OF}
+    return {**dict(list(kept.items())[:MAX_METADATA - 1]), RETRY_OF: job.id}

@@ -1,0 +1,76 @@
+"""`/v1/responses` lines: what validation accepts and refuses, and the Response body the openai SDK parses."""
+import io
+import json
+
+import pytest
+from openai.types.responses import Response
+
+from batchinfer.engine.types import GenerationResult
+from batchinfer.jobs import formats
+from batchinfer.jobs.validation import ValidationLimits, validate_stream
+
+MODEL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
+
+
+def responses_line(custom_id: str, **body) -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                       "body": {"model": MODEL, **body}})
+
+
+def _validate(tokenizer, lines: list[str]):
+    valid, invalid = [], []
+    limits = ValidationLimits(model_id=MODEL, max_model_len=8192)
+    report = validate_stream(io.BytesIO(("\n".join(lines) + "\n").encode()), tokenizer, limits, valid.append,
+                             invalid.append)
+    return report, valid, invalid
+
+
+def test_string_input_and_message_items_are_the_same_prompt(tiny_tokenizer):
+    items = [{"role": "developer", "content": "Be brief."},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]
+    report, valid, _ = _validate(tiny_tokenizer, [
+        responses_line("s", input="Hi", instructions="Be brief.", max_output_tokens=5, temperature=0.5, top_p=0.9,
+                       metadata={"k": "v"}, store=False),
+        responses_line("m", input=items)])
+    assert report.ok and [v.custom_id for v in valid] == ["s", "m"]
+    assert valid[0].prompt_token_ids == valid[1].prompt_token_ids
+    assert "Be brief." in tiny_tokenizer.decode(valid[0].prompt_token_ids)
+    sampling = valid[0].sampling
+    assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (5, 0.5, 0.9)
+    assert valid[0].echo["metadata"] == {"k": "v"} and valid[0].echo["instructions"] == "Be brief."
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "body.tools"),
+    ({"input": "Hi", "reasoning": {"effort": "low"}}, "body.reasoning"),
+    ({"input": "Hi", "previous_response_id": "resp_1"}, "body.previous_response_id"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "body.input"),
+    ({"input": "Hi", "max_output_tokens": 0}, "body.max_output_tokens"),
+    ({"input": "Hi", "stream": True}, "body.stream"),
+    ({"input": ""}, "body.input"),
+    ({"instructions": "x"}, "body.input"),
+])
+def test_unsupported_or_bad_fields_are_refused_per_line(tiny_tokenizer, body, param):
+    report, valid, invalid = _validate(tiny_tokenizer, [responses_line("ok", input="Hi"), responses_line("bad", **body)])
+    assert [v.custom_id for v in valid] == ["ok"]
+    (error,) = invalid
+    assert error.custom_id == "bad" and error.param == param
+    assert error.code == ("missing_field" if "input" not in body else "invalid_field")
+    assert param.removeprefix("body.") in error.message
+
+
+def test_the_output_body_is_a_response_the_sdk_parses():
+    result = GenerationResult("r", [1, 2, 3], "Hello there", "length", prompt_tokens=7, cached_tokens=4,
+                              arrival_time=100.0, first_scheduled_time=100.0, first_token_time=100.5,
+                              last_token_time=101.0)
+    echo = {"instructions": "Be brief.", "metadata": {"k": "v"}, "max_output_tokens": 3, "temperature": None,
+            "top_p": None}
+    line = formats.output_line("batch_x", 0, "c", "/v1/responses", MODEL, result, "w", echo)
+    response = Response.model_validate(line["response"]["body"])
+    assert response.object == "response" and response.status == "incomplete" and response.output_text == "Hello there"
+    assert response.incomplete_details.reason == "max_output_tokens" and response.metadata == {"k": "v"}
+    usage = response.usage
+    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens, usage.total_tokens) == (
+        7, 4, 3, 10)
