@@ -82,8 +82,8 @@ def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, genera
                        completion_window="1h")
     units = dispatch(ctx)
     _run_units(ctx, generator, units[:1])
-    assert lifecycle.expire_overdue(ctx, now=time.time() + 60) == []
-    assert lifecycle.expire_overdue(ctx, now=time.time() + 7200) == [job.id]
+    assert lifecycle.sweep_jobs(ctx, now=time.time() + 60).expired == []
+    assert lifecycle.sweep_jobs(ctx, now=time.time() + 7200).expired == [job.id]
     job = service.get(ctx, job.id)
     assert job.status == "expired" and (job.completed, job.failed) == (1, 1)
     assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["first"]

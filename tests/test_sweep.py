@@ -12,6 +12,7 @@ from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.cluster.sweep import SweepHooks, sweep
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.jobs import service
+from batchinfer.jobs.state import units
 from batchinfer.runtime import unit_runner
 from batchinfer.runtime.dispatch import dispatch
 from jobfiles import completion_line, read_output, submit_lines
@@ -36,7 +37,7 @@ def _running_unit(ctx, registry, worker="w1", incarnation="inc-1", publish=True)
     (unit,) = dispatch(ctx)
     if publish:
         registry.beat(WorkerState(worker, incarnation=incarnation, busy=True, unit_id=unit.unit_id))
-    assert unit_runner._start(ctx, unit.unit_id, worker, incarnation) is not None
+    assert units.start_unit(ctx, unit.unit_id, worker, incarnation) is not None
     return job, unit.unit_id
 
 

@@ -7,11 +7,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from redis.exceptions import LockError
-from sqlalchemy import update
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import UnitStatus, WorkUnit
-from batchinfer.db.session import transaction
+from batchinfer.db.models import JobStatus, WorkUnit
+from batchinfer.jobs.job_validation import ValidationDeferred, validate_job
+from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.routing import SHARED_QUEUE
@@ -104,9 +104,7 @@ def _stopping() -> bool:
 def _note_error(ctx: AppContext, unit_id: str, cause: str) -> None:
     """Best effort: the cause shows in the error lines if the unit fails for good."""
     try:
-        with transaction(ctx.sessions) as session:
-            session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                            .values(last_error=cause[:1000]))
+        units.note_unit_error(ctx, unit_id, cause)
     except Exception:
         log.warning("could not record the error of unit %s", unit_id)
 
@@ -141,10 +139,11 @@ ESTIMATE_TASK = "batchinfer.estimate"
 def validate_job_task(job_id: str) -> str:
     """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
     and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
-    from batchinfer.db.models import JobStatus
-    from batchinfer.jobs.lifecycle import revalidate_job
-
-    status = revalidate_job(context(), job_id)
+    try:
+        status = validate_job(context(), job_id).status
+    except ValidationDeferred as exc:  # kept `validating`: the sweep hands it on again once storage is back
+        log.warning("%s", exc)
+        return JobStatus.VALIDATING
     if status == JobStatus.QUEUED:
         trigger_dispatch()
     return status
