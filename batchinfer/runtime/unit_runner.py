@@ -16,10 +16,9 @@ from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 from batchinfer.jobs.records import UnitRequest, UnitResult
 from batchinfer.jobs.state import ending, units
-from batchinfer.runtime.generator import CheckingGenerator, Generator
+from batchinfer.runtime.generator import Generator
 
 log = logging.getLogger(__name__)
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
 
 
 class UnitInterrupted(Exception):
@@ -82,16 +81,10 @@ def _write_results(ctx: AppContext, unit_id: str, attempt: int, records: Records
 
 def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
               stopping: Callable[[], bool] = lambda: False) -> Records:
-    """One engine call for the unit. A request the engine refuses fails alone: it is checked before the
-    batch runs, and a batch that fails anyway is run again one request at a time."""
+    """One engine call for the unit. A request the engine refuses fails alone (its result carries the
+    error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
-    runnable = []
-    for r in requests:
-        refused = _refusal(generator, r)
-        if refused:
-            records[r.key] = _error_record(r, "invalid_request", refused)
-        else:
-            runnable.append(r)
+    runnable = requests
     try:
         records.update(_run_batch(runnable, generator, worker, on_result))
     except Exception as exc:
@@ -120,29 +113,14 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
     records: Records = {}
     for result in generator.generate([_generation_request(r) for r in requests], on_result=on_result):
         r = by_id[result.request_id]
-        error = getattr(result, "error", None)  # an engine that reports per-request errors
-        if error:
-            records[r.key] = _error_record(r, "invalid_request", str(error)[:500])
+        if result.error:  # refused by the generator (engine.types.refusal): this request alone fails
+            records[r.key] = _error_record(r, "invalid_request", result.error[:500])
             continue
         p = r.request
         line = formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, result, worker)
         records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, result.prompt_tokens,
                                     result.completion_tokens, result.cached_tokens)
     return records
-
-
-def _refusal(generator: Generator, r: UnitRequest) -> str | None:
-    """Why the engine can never run this request, or None (checked before the batch, so it fails alone)."""
-    seed = r.request.sampling.seed
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        return f"seed {str(seed)[:40]} is outside the range the sampler accepts"
-    if not isinstance(generator, CheckingGenerator):
-        return None
-    try:
-        generator.check_request(_generation_request(r))
-    except ValueError as exc:
-        return str(exc)[:500]
-    return None
 
 
 def _cause(exc: BaseException) -> str:
