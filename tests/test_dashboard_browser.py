@@ -14,7 +14,7 @@ from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
 from processes import free_port, start_cli, stop
 from webhook_receiver import Receiver
-from workers import registry
+from batchinfer.cluster.registry import open_registry
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,7 +57,7 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
     base = f"http://127.0.0.1:{port}"
     settings = Settings(broker_url=env["BATCHINFER_BROKER_URL"], broker_prefix=env["BATCHINFER_BROKER_PREFIX"])
     try:
-        _wait(lambda: name in registry.live_workers(settings) or worker.poll() is not None, "the worker")
+        _wait(lambda: name in {w.name for w in open_registry(settings).live()} or worker.poll() is not None, "the worker")
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
         _wait(lambda: _up(base) or server.poll() is not None, "the server", 60)
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]

@@ -162,16 +162,16 @@ def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_swe
                                                                                   monkeypatch):
     """50 submits at once kept one dispatcher planning past the others' lock wait; each waiter then raised
     LockError with a traceback. Now it skips: the holder plans what is pending, the sweep the rest."""
-    from workers import registry, tasks
+    from batchinfer.cluster.registry import open_registry
+    from workers import tasks
 
     ctx = make_context(broker_url=f"{redis_server}/0", broker_prefix=f"lock-{uuid.uuid4().hex[:8]}:")
     job = submit_lines(ctx, [completion_line("a", "x")])
-    holder = registry.dispatch_lock(ctx.settings)
+    holder = open_registry(ctx.settings).dispatch_lock()
     assert holder.acquire(blocking=False)
-    name = holder.name
     # the real lock and Redis; only the wait is shortened from 120 s
-    monkeypatch.setattr(registry, "dispatch_lock",
-                        lambda settings: registry.client(settings).lock(name, timeout=600, blocking_timeout=0.2))
+    real_lock = WorkerRegistry.dispatch_lock
+    monkeypatch.setattr(WorkerRegistry, "dispatch_lock", lambda self, wait_s=120.0: real_lock(self, 0.2))
     try:
         assert tasks.dispatch_and_send(ctx) == 0
     finally:

@@ -20,7 +20,8 @@ from batchinfer.jobs.webhook_delivery import DeliveryLoop
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
-    from workers import registry, tasks
+    from batchinfer.cluster.registry import open_registry
+    from workers import tasks
     from workers.celery_app import app
 
     settings = get_settings()
@@ -33,7 +34,7 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         get_generator(settings)  # load the model before the first unit arrives
-        reg = registry.worker_registry(settings)
+        reg = open_registry(settings)
         ctx = tasks.context()
         hooks = tasks.sweep_hooks(ctx)
         tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,

@@ -14,11 +14,11 @@ from batchinfer.jobs.job_validation import ValidationDeferred, validate_job
 from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.cluster.registry import open_registry
 from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
 from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
-from workers import registry
 from workers.celery_app import app
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def context() -> AppContext:
 
 def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
     """Plan what is pending and route it on the registry's view of the live workers (enqueues nothing)."""
-    loads = registry.worker_registry(ctx.settings).loads()
+    loads = open_registry(ctx.settings).loads()
     return dispatch(ctx, [w.name for w in loads], worker_loads=loads)
 
 
@@ -47,7 +47,7 @@ def dispatch_and_send(ctx: AppContext) -> int:
     """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too).
     A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
     sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
-    lock = registry.dispatch_lock(ctx.settings)
+    lock = open_registry(ctx.settings).dispatch_lock()
     # the holder's incarnation as the token: the sweep leaves a live dispatcher's unsent units alone
     if not lock.acquire(token=agent.state.incarnation if agent is not None else None):
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
@@ -155,4 +155,4 @@ def estimate_task(estimate_id: str, input_key: str) -> None:
     from batchinfer.runtime.preview import store_estimate
 
     ctx = context()
-    store_estimate(ctx, estimate_id, input_key, registry.worker_registry(ctx.settings).live())
+    store_estimate(ctx, estimate_id, input_key, open_registry(ctx.settings).live())
