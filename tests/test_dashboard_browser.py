@@ -76,6 +76,16 @@ def _up(base: str) -> bool:
         return False
 
 
+def _event_states(env, job_ids: list[str]) -> list[str]:
+    from sqlalchemy import select
+
+    from batchinfer.db.models import WebhookEvent
+    from batchinfer.db.session import session_factory
+
+    with session_factory(env["BATCHINFER_DATABASE_URL"])() as session:
+        return sorted(session.scalars(select(WebhookEvent.status).where(WebhookEvent.job_id.in_(job_ids))))
+
+
 def _key(env, name: str, *flags: str) -> dict:
     made = batchinfer(env, "keys", "create", "--name", name, "--json", *flags)
     assert made.returncode == 0, made.stderr
@@ -141,7 +151,8 @@ def test_dashboard_shows_progress_and_groups_cancels_and_hides_other_keys(stack,
         browser.close()
 
     _wait(lambda: len(receiver.acknowledged()) >= 2, "both webhooks", 60)
-    time.sleep(1.5)  # no duplicate follows
+    # a delivered event is never claimed again: once both rows say so, no duplicate can follow
+    _wait(lambda: _event_states(env, [alices, bobs]) == ["delivered", "delivered"], "both events marked delivered", 60)
     events = {}
     for got in receiver.received:
         event = json.loads(got.body)

@@ -41,6 +41,11 @@ def _running_unit(ctx, registry, worker="w1", incarnation="inc-1", publish=True)
     return job, unit.unit_id
 
 
+def _after_grace(ctx) -> float:
+    """A sweep's `now` past the grace a queued unit or a queued job's dispatch gets (worker_ttl_s)."""
+    return time.time() + 2 * ctx.settings.worker_ttl_s
+
+
 def _unit(ctx, unit_id):
     with ctx.sessions() as session:
         return session.get(WorkUnit, unit_id)
@@ -56,7 +61,7 @@ def test_a_unit_its_live_worker_runs_is_left_alone(setup):
 def test_a_unit_of_a_dead_worker_is_rerun_once(setup):
     ctx, registry, hooks, sent = setup
     _, unit_id = _running_unit(ctx, registry)
-    time.sleep(0.7)  # the worker's key expires: it stopped beating
+    registry.go_silent("w1")  # it stopped beating (its key expiring is the registry's own test)
     assert sweep(ctx, registry, hooks).rerun == [unit_id] and sent == [unit_id]
     assert _unit(ctx, unit_id).status == UnitStatus.QUEUED
     sent.clear()
@@ -83,8 +88,7 @@ def test_a_queued_unit_whose_message_redis_lost_is_sent_again(setup):
     submit_lines(ctx, [completion_line("a", "Hello")])
     (unit,) = dispatch(ctx)
     assert sweep(ctx, registry, hooks).resent == []  # within the grace period its message may be on its way
-    time.sleep(0.7)
-    assert sweep(ctx, registry, hooks).resent == [unit.unit_id] and sent == [unit.unit_id]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [unit.unit_id] and sent == [unit.unit_id]
 
 
 def test_queued_units_of_a_dispatch_still_in_progress_are_not_sent_twice(setup):
@@ -94,19 +98,17 @@ def test_queued_units_of_a_dispatch_still_in_progress_are_not_sent_twice(setup):
     registry = WorkerRegistry(fast.conn, key_prefix=fast.key_prefix, ttl_s=60)  # the holder stays live however slow this runs
     submit_lines(ctx, [completion_line("a", "Hello")])
     (unit,) = dispatch(ctx)
-    time.sleep(0.7)
     registry.beat(WorkerState("w1", incarnation="inc-dispatching"))
     registry.conn.set(registry.dispatch_key(), "inc-dispatching")
-    assert sweep(ctx, registry, hooks).resent == [] and sent == []
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [] and sent == []
     registry.conn.set(registry.dispatch_key(), "inc-of-a-dead-worker")  # its holder died mid-dispatch
-    assert sweep(ctx, registry, hooks).resent == [unit.unit_id]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [unit.unit_id]
 
 
 def test_pending_requests_nobody_dispatched_get_dispatched(setup):
     ctx, registry, hooks, sent = setup
     submit_lines(ctx, [completion_line("a", "Hello")])
-    time.sleep(0.7)
-    assert sweep(ctx, registry, hooks).dispatched and sent == ["dispatch"]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).dispatched and sent == ["dispatch"]
 
 
 def test_a_unit_lost_too_often_fails_its_requests_with_server_error_and_the_job_ends(setup):
@@ -151,8 +153,7 @@ def test_a_failed_finalize_is_retried_after_its_backoff(setup):
 def test_an_overdue_job_is_expired_by_the_sweep(setup):
     ctx, registry, hooks, sent = setup
     job = submit_lines(ctx, [completion_line("a", "Hello")], completion_window="1s")
-    time.sleep(1.1)
-    assert sweep(ctx, registry, hooks).jobs.expired == [job.id]
+    assert sweep(ctx, registry, hooks, now=job.expires_at + 0.1).jobs.expired == [job.id]
     assert service.get(ctx, job.id).status == JobStatus.EXPIRED
     with ctx.sessions() as session:
         assert session.scalar(select(Request.status).where(Request.job_id == job.id)) == "expired"
