@@ -7,6 +7,7 @@ from sqlalchemy import func, select
 
 from batchinfer.db.models import Job, Request
 from batchinfer.jobs import job_validation, lifecycle, service
+from batchinfer.jobs.faults import is_transient
 from batchinfer.jobs.state import validation as state
 from jobfiles import chat_line
 
@@ -140,3 +141,29 @@ def test_a_long_run_of_invalid_lines_still_renews_the_validation_lease(make_cont
     monkeypatch.setattr(state, "add_requests", counted)
     assert job_validation.validate_job(ctx, job.id).status == "queued"
     assert len(beats) >= 20  # no valid row to commit through 20 lines, yet each renewed the lease
+
+
+def test_a_fault_that_may_pass_keeps_the_job_validating_whoever_validates(make_context, monkeypatch):
+    """One policy for the CLI's submit, the worker's task and the sweep: storage unreachable leaves the job
+    `validating` (ValidationDeferred, a one-line error naming the job) and nothing fails it."""
+    ctx = make_context()
+    job = service.create_job(ctx, source=_input(3))
+
+    def unreachable(key):  # stands in for S3 going away mid-run (the fault matrix causes it for real)
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(ctx.storage, "open_read", unreachable)
+    with pytest.raises(job_validation.ValidationDeferred, match=f"job {job.id} is stored, but its validation stopped"):
+        job_validation.validate_job(ctx, job.id)
+    with pytest.raises(job_validation.ValidationDeferred):
+        service.submit(ctx, _input(3))
+    assert lifecycle.recover_validating(ctx, job.created_at + ctx.settings.validation_stale_s + 1) == []
+    with ctx.sessions() as session:
+        assert set(session.scalars(select(Job.status))) == {"validating"}
+
+
+@pytest.mark.parametrize("exc, transient", [
+    (ConnectionError("refused"), True), (TimeoutError(), True), (FileNotFoundError("gone"), False),
+    (ValueError("bad"), False), (PermissionError("denied"), False)])
+def test_one_rule_says_which_faults_pass(exc, transient):
+    assert is_transient(exc) == transient
