@@ -10,7 +10,6 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Callable
 
-
 from batchinfer.jobs import formats, storage_keys
 from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationRequest, GenerationResult
@@ -84,19 +83,18 @@ def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on
     """One engine call for the unit. A request the engine refuses fails alone (its result carries the
     error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
-    runnable = requests
     try:
-        records.update(_run_batch(runnable, generator, worker, on_result))
+        records.update(_run_batch(requests, generator, worker, on_result))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
-        if len(runnable) == 1:
-            r = runnable[0]
+        if len(requests) == 1:
+            r = requests[0]
             log.warning("request %s failed in the engine: %s", r.request_id, _cause(exc))
             records[r.key] = _error_record(r, "server_error", f"generation failed: {_cause(exc)}")
         else:
-            log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(runnable))
-            for r in runnable:
+            log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(requests))
+            for r in requests:
                 records.update(_generate([r], generator, worker, on_result, stopping))
     return records
 
