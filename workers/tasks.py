@@ -8,7 +8,7 @@ from redis.exceptions import LockError
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus, WorkUnit
-from batchinfer.jobs.job_validation import ValidationDeferred, validate_job
+from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
@@ -128,7 +128,7 @@ def validate_job_task(job_id: str) -> str:
     try:
         status = validate_job(this_process().ctx, job_id).status
     except ValidationDeferred as exc:  # kept `validating`: the sweep hands it on again once storage is back
-        log.warning("%s", exc)
+        log.warning("%s (%s)", exc, deferred_cause(exc))
         return JobStatus.VALIDATING
     if status == JobStatus.QUEUED:
         trigger_dispatch()

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import one_line
-from batchinfer.jobs.job_validation import ValidationDeferred, validate_job
+from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state.validation import validation_lost
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class WorkQueue:
             if validate_job(self.ctx, job_id).status == JobStatus.QUEUED:
                 run_pending(self.ctx)
         except ValidationDeferred as exc:  # kept `validating`: the sweep validates it again
-            log.warning("%s", exc)
+            log.warning("%s (%s)", exc, deferred_cause(exc))
         except Exception:
             log.exception("embedded run of %s failed; the next run picks up what is left", job_id)
 

@@ -61,7 +61,7 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
         cause = "the input file was never stored (the submit was interrupted)"
     else:
         cause = f"validation failed: {excerpt(str(exc)) or 'an internal error'}"
-    log.warning("job %s fails: %s (%s)", job_id, cause, one_line(exc))
+    log.info("job %s fails: %s (%s)", job_id, cause, one_line(exc))
     try:
         state.fail_validation(ctx, job_id, cause)
         return _get(ctx, job_id)
@@ -70,9 +70,14 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
 
 
 def _deferred(ctx: AppContext, job_id: str, exc: BaseException) -> str:
-    log.warning("validation of %s stopped, will be resumed: %s", job_id, one_line(exc))
+    """The one line a person sees (the CLI prints it); callers that keep going log the cause (deferred_cause)."""
     return (f"job {job_id} is stored, but its validation stopped (storage or the database is unreachable); it is "
             f"validated again once {ctx.settings.validation_stale_s:g} s pass with both back")
+
+
+def deferred_cause(exc: ValidationDeferred) -> str:
+    """What stopped a deferred validation, for the log (never shown to users: it may name hosts and paths)."""
+    return one_line(exc.__cause__) if exc.__cause__ is not None else ""
 
 
 def _get(ctx: AppContext, job_id: str) -> Job:

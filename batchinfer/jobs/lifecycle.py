@@ -13,7 +13,7 @@ from sqlalchemy import exists, func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
-from batchinfer.jobs.job_validation import ValidationDeferred, validate_job
+from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import ending, table
 from batchinfer.jobs.state.validation import take_over_stale
 
@@ -69,7 +69,8 @@ def _validate_here(ctx: AppContext, job_id: str) -> bool:
     """Validate a stale job in this process; True once it left `validating`."""
     try:
         return validate_job(ctx, job_id).status != JobStatus.VALIDATING
-    except ValidationDeferred:
+    except ValidationDeferred as exc:
+        log.warning("%s (%s)", exc, deferred_cause(exc))
         return False
 
 
