@@ -31,5 +31,9 @@ class InvalidRequest(BatchInferError):
     exit_code = 2
 
 
+class TooManyActive(BatchInferError):
+    """The owner already has as many unfinished batches as allowed: HTTP 429."""
+
+
 class JobConflict(BatchInferError):
     """The job's state does not allow it (cancel a finished job): HTTP 409."""

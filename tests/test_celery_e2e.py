@@ -12,7 +12,7 @@ import pytest
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line, completion_line
-from workers import registry
+from batchinfer.cluster.registry import open_registry
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def worker(cluster_env, tmp_path):
                         broker_prefix=cluster_env["BATCHINFER_BROKER_PREFIX"])
     try:
         deadline = time.time() + 180
-        while name not in registry.live_workers(settings):  # listed once the model is loaded
+        while name not in {w.name for w in open_registry(settings).live()}:  # listed once the model is loaded
             assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
             assert time.time() < deadline, "worker did not come up"
             time.sleep(1)

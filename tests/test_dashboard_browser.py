@@ -14,7 +14,7 @@ from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
 from processes import free_port, start_cli, stop
 from webhook_receiver import Receiver
-from workers import registry
+from batchinfer.cluster.registry import open_registry
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,7 +57,7 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
     base = f"http://127.0.0.1:{port}"
     settings = Settings(broker_url=env["BATCHINFER_BROKER_URL"], broker_prefix=env["BATCHINFER_BROKER_PREFIX"])
     try:
-        _wait(lambda: name in registry.live_workers(settings) or worker.poll() is not None, "the worker")
+        _wait(lambda: name in {w.name for w in open_registry(settings).live()} or worker.poll() is not None, "the worker")
         assert worker.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
         _wait(lambda: _up(base) or server.poll() is not None, "the server", 60)
         assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
@@ -74,6 +74,16 @@ def _up(base: str) -> bool:
         return httpx.get(base + "/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _event_states(env, job_ids: list[str]) -> list[str]:
+    from sqlalchemy import select
+
+    from batchinfer.db.models import WebhookEvent
+    from batchinfer.db.session import session_factory
+
+    with session_factory(env["BATCHINFER_DATABASE_URL"])() as session:
+        return sorted(session.scalars(select(WebhookEvent.status).where(WebhookEvent.job_id.in_(job_ids))))
 
 
 def _key(env, name: str, *flags: str) -> dict:
@@ -141,7 +151,8 @@ def test_dashboard_shows_progress_and_groups_cancels_and_hides_other_keys(stack,
         browser.close()
 
     _wait(lambda: len(receiver.acknowledged()) >= 2, "both webhooks", 60)
-    time.sleep(1.5)  # no duplicate follows
+    # a delivered event is never claimed again: once both rows say so, no duplicate can follow
+    _wait(lambda: _event_states(env, [alices, bobs]) == ["delivered", "delivered"], "both events marked delivered", 60)
     events = {}
     for got in receiver.received:
         event = json.loads(got.body)

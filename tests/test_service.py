@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from batchinfer.jobs import lifecycle, service
 from batchinfer.db.models import Request
 from batchinfer.runtime.dispatch import dispatch
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, TooManyActive
 from batchinfer.runtime.unit_runner import run_unit
 from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
@@ -82,8 +82,8 @@ def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, genera
                        completion_window="1h")
     units = dispatch(ctx)
     _run_units(ctx, generator, units[:1])
-    assert lifecycle.expire_overdue(ctx, now=time.time() + 60) == []
-    assert lifecycle.expire_overdue(ctx, now=time.time() + 7200) == [job.id]
+    assert lifecycle.sweep_jobs(ctx, now=time.time() + 60).expired == []
+    assert lifecycle.sweep_jobs(ctx, now=time.time() + 7200).expired == [job.id]
     job = service.get(ctx, job.id)
     assert job.status == "expired" and (job.completed, job.failed) == (1, 1)
     assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["first"]
@@ -114,3 +114,21 @@ def test_jobs_on_postgres_and_s3_complete_with_output_in_input_order(make_contex
 def test_unknown_jobs_are_reported(make_context):
     with pytest.raises(JobNotFound):
         service.get(make_context(), "batch_nope")
+
+
+@pytest.mark.fast
+def test_every_submit_is_checked_alike_metadata_window_and_active_limit(make_context):
+    """The CLI's submit passes the checks the API's create does (jobs.submission), not a subset."""
+    ctx = make_context(max_active_batches_per_owner=1)
+    lines = [completion_line("a", "x")]
+    with pytest.raises(InvalidRequest, match="invalid_metadata: at most 16 metadata pairs"):
+        submit_lines(ctx, lines, metadata={f"k{i}": "v" for i in range(17)})
+    with pytest.raises(InvalidRequest, match="invalid_metadata: metadata keys are at most 64"):
+        submit_lines(ctx, lines, metadata={"k" * 65: "v"})
+    with pytest.raises(InvalidRequest, match="invalid_completion_window"):
+        submit_lines(ctx, lines, completion_window="soon")
+    first = submit_lines(ctx, lines)
+    with pytest.raises(TooManyActive, match="1 unfinished batches; the limit is 1"):
+        submit_lines(ctx, lines)
+    service.cancel(ctx, first.id)
+    assert submit_lines(ctx, lines).status == "queued"  # a finished batch no longer counts

@@ -12,6 +12,7 @@ from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.cluster.sweep import SweepHooks, sweep
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.jobs import service
+from batchinfer.jobs.state import units
 from batchinfer.runtime import unit_runner
 from batchinfer.runtime.dispatch import dispatch
 from jobfiles import completion_line, read_output, submit_lines
@@ -36,8 +37,13 @@ def _running_unit(ctx, registry, worker="w1", incarnation="inc-1", publish=True)
     (unit,) = dispatch(ctx)
     if publish:
         registry.beat(WorkerState(worker, incarnation=incarnation, busy=True, unit_id=unit.unit_id))
-    assert unit_runner._start(ctx, unit.unit_id, worker, incarnation) is not None
+    assert units.start_unit(ctx, unit.unit_id, worker, incarnation) is not None
     return job, unit.unit_id
+
+
+def _after_grace(ctx) -> float:
+    """A sweep's `now` past the grace a queued unit or a queued job's dispatch gets (worker_ttl_s)."""
+    return time.time() + 2 * ctx.settings.worker_ttl_s
 
 
 def _unit(ctx, unit_id):
@@ -55,7 +61,7 @@ def test_a_unit_its_live_worker_runs_is_left_alone(setup):
 def test_a_unit_of_a_dead_worker_is_rerun_once(setup):
     ctx, registry, hooks, sent = setup
     _, unit_id = _running_unit(ctx, registry)
-    time.sleep(0.7)  # the worker's key expires: it stopped beating
+    registry.go_silent("w1")  # it stopped beating (its key expiring is the registry's own test)
     assert sweep(ctx, registry, hooks).rerun == [unit_id] and sent == [unit_id]
     assert _unit(ctx, unit_id).status == UnitStatus.QUEUED
     sent.clear()
@@ -82,8 +88,7 @@ def test_a_queued_unit_whose_message_redis_lost_is_sent_again(setup):
     submit_lines(ctx, [completion_line("a", "Hello")])
     (unit,) = dispatch(ctx)
     assert sweep(ctx, registry, hooks).resent == []  # within the grace period its message may be on its way
-    time.sleep(0.7)
-    assert sweep(ctx, registry, hooks).resent == [unit.unit_id] and sent == [unit.unit_id]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [unit.unit_id] and sent == [unit.unit_id]
 
 
 def test_queued_units_of_a_dispatch_still_in_progress_are_not_sent_twice(setup):
@@ -93,19 +98,17 @@ def test_queued_units_of_a_dispatch_still_in_progress_are_not_sent_twice(setup):
     registry = WorkerRegistry(fast.conn, key_prefix=fast.key_prefix, ttl_s=60)  # the holder stays live however slow this runs
     submit_lines(ctx, [completion_line("a", "Hello")])
     (unit,) = dispatch(ctx)
-    time.sleep(0.7)
     registry.beat(WorkerState("w1", incarnation="inc-dispatching"))
     registry.conn.set(registry.dispatch_key(), "inc-dispatching")
-    assert sweep(ctx, registry, hooks).resent == [] and sent == []
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [] and sent == []
     registry.conn.set(registry.dispatch_key(), "inc-of-a-dead-worker")  # its holder died mid-dispatch
-    assert sweep(ctx, registry, hooks).resent == [unit.unit_id]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).resent == [unit.unit_id]
 
 
 def test_pending_requests_nobody_dispatched_get_dispatched(setup):
     ctx, registry, hooks, sent = setup
     submit_lines(ctx, [completion_line("a", "Hello")])
-    time.sleep(0.7)
-    assert sweep(ctx, registry, hooks).dispatched and sent == ["dispatch"]
+    assert sweep(ctx, registry, hooks, now=_after_grace(ctx)).dispatched and sent == ["dispatch"]
 
 
 def test_a_unit_lost_too_often_fails_its_requests_with_server_error_and_the_job_ends(setup):
@@ -150,8 +153,7 @@ def test_a_failed_finalize_is_retried_after_its_backoff(setup):
 def test_an_overdue_job_is_expired_by_the_sweep(setup):
     ctx, registry, hooks, sent = setup
     job = submit_lines(ctx, [completion_line("a", "Hello")], completion_window="1s")
-    time.sleep(1.1)
-    assert sweep(ctx, registry, hooks).jobs.expired == [job.id]
+    assert sweep(ctx, registry, hooks, now=job.expires_at + 0.1).jobs.expired == [job.id]
     assert service.get(ctx, job.id).status == JobStatus.EXPIRED
     with ctx.sessions() as session:
         assert session.scalar(select(Request.status).where(Request.job_id == job.id)) == "expired"
@@ -161,16 +163,16 @@ def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_swe
                                                                                   monkeypatch):
     """50 submits at once kept one dispatcher planning past the others' lock wait; each waiter then raised
     LockError with a traceback. Now it skips: the holder plans what is pending, the sweep the rest."""
-    from workers import registry, tasks
+    from batchinfer.cluster.registry import open_registry
+    from workers import tasks
 
     ctx = make_context(broker_url=f"{redis_server}/0", broker_prefix=f"lock-{uuid.uuid4().hex[:8]}:")
     job = submit_lines(ctx, [completion_line("a", "x")])
-    holder = registry.dispatch_lock(ctx.settings)
+    holder = open_registry(ctx.settings).dispatch_lock()
     assert holder.acquire(blocking=False)
-    name = holder.name
     # the real lock and Redis; only the wait is shortened from 120 s
-    monkeypatch.setattr(registry, "dispatch_lock",
-                        lambda settings: registry.client(settings).lock(name, timeout=600, blocking_timeout=0.2))
+    real_lock = WorkerRegistry.dispatch_lock
+    monkeypatch.setattr(WorkerRegistry, "dispatch_lock", lambda self, wait_s=120.0: real_lock(self, 0.2))
     try:
         assert tasks.dispatch_and_send(ctx) == 0
     finally:

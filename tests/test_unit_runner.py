@@ -1,6 +1,7 @@
 from sqlalchemy import select
 
 from batchinfer.jobs import service
+from batchinfer.jobs.state import units
 
 from batchinfer.runtime import unit_runner
 from batchinfer.db.models import Request, WorkUnit
@@ -31,7 +32,7 @@ def test_a_unit_run_twice_counts_each_request_once(make_context, generator):
 def test_a_unit_redelivered_after_a_crash_runs_again_and_commits_once(make_context, generator):
     ctx = make_context()
     job, unit = _one_unit_job(ctx)
-    assert unit_runner._start(ctx, unit.unit_id, "crashed-worker") is not None  # a run that died mid-unit
+    assert units.start_unit(ctx, unit.unit_id, "crashed-worker") is not None  # a run that died mid-unit
     outcome = run_unit(ctx, unit.unit_id, generator, "w2")
     assert outcome.committed and outcome.completed == 2
     with ctx.sessions() as session:
@@ -43,8 +44,8 @@ def test_a_unit_redelivered_after_a_crash_runs_again_and_commits_once(make_conte
 def test_racing_runs_of_one_unit_on_postgres_commit_once(make_context, postgres_url, generator):
     ctx = make_context(database_url=postgres_url)
     job, unit = _one_unit_job(ctx)
-    _, to_run_a, _ = unit_runner._start(ctx, unit.unit_id, "wa")
-    _, to_run_b, _ = unit_runner._start(ctx, unit.unit_id, "wb")
+    to_run_a = units.start_unit(ctx, unit.unit_id, "wa").to_run
+    to_run_b = units.start_unit(ctx, unit.unit_id, "wb").to_run
     assert to_run_a == to_run_b and len(to_run_a) == 2  # both runs hold the same requests
     records = unit_runner._generate(unit_runner._load_requests(ctx, unit.unit_id, to_run_a), generator, "wa", None)
     a = unit_runner._commit(ctx, unit.unit_id, "units/a.jsonl", records)

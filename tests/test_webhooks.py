@@ -12,6 +12,7 @@ from batchinfer.db.models import Job, JobStatus, WebhookEvent
 from batchinfer.db.session import transaction
 from batchinfer.errors import InvalidRequest
 from batchinfer.jobs import service
+from batchinfer.jobs.job_validation import validate_job
 from batchinfer.jobs.webhook_delivery import DeliveryLoop, deliver_due
 from batchinfer.jobs.webhook_events import event_id, record_final
 from batchinfer.jobs.webhook_signing import WebhookVerificationError, new_secret, verify
@@ -129,7 +130,7 @@ def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_c
     key, _ = tenants.create_key(ctx, "team", webhook_url=receiver.url)
     job = service.create_job(ctx, owner_id=key.id)
     ctx.storage.upload(job.input_key, io.BytesIO(b"{oops\n"))
-    assert service.validate_job(ctx, job.id).status == JobStatus.FAILED
+    assert validate_job(ctx, job.id).status == JobStatus.FAILED
     assert deliver_due(ctx) == 1
     (got,) = receiver.received
     verify(key.webhook_secret, got.headers, got.body)

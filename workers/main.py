@@ -20,7 +20,9 @@ from batchinfer.jobs.webhook_delivery import DeliveryLoop
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
-    from workers import registry, tasks
+    from batchinfer.cluster.registry import open_registry
+    from workers import tasks
+    from workers.process import this_process
     from workers.celery_app import app
 
     settings = get_settings()
@@ -33,24 +35,20 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         get_generator(settings)  # load the model before the first unit arrives
-        reg = registry.worker_registry(settings)
-        ctx = tasks.context()
-        hooks = tasks.sweep_hooks(ctx)
-        tasks.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
-                                  lambda: maybe_sweep(ctx, reg, hooks)).start()
-        tasks.webhooks = DeliveryLoop(ctx).start()
+        reg = open_registry(settings)
+        process = this_process()
+        hooks = tasks.sweep_hooks(process)
+        process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
+                                    lambda: maybe_sweep(process.ctx, reg, hooks)).start()
+        process.webhooks = DeliveryLoop(process.ctx).start()
 
     @signals.worker_shutting_down.connect(weak=False)
     def _shutting_down(**_):
-        if tasks.agent is not None:
-            tasks.agent.stopping = True
+        this_process().begin_shutdown()
 
     @signals.worker_shutdown.connect(weak=False)
     def _shutdown(**_):
-        if tasks.agent is not None:
-            tasks.agent.stop()
-        if tasks.webhooks is not None:
-            tasks.webhooks.stop()
+        this_process().stop()
 
     app.worker_main(["worker", "--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
                      "--loglevel", loglevel, "--without-gossip", "--without-mingle"])

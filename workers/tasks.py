@@ -3,53 +3,41 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from redis.exceptions import LockError
-from sqlalchemy import update
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import UnitStatus, WorkUnit
-from batchinfer.db.session import transaction
+from batchinfer.db.models import JobStatus, WorkUnit
+from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.cluster.registry import open_registry
 from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
 from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
-from workers import registry
 from workers.celery_app import app
-
-if TYPE_CHECKING:
-    from batchinfer.cluster.agent import WorkerAgent
-    from batchinfer.jobs.webhook_delivery import DeliveryLoop
+from workers.process import WorkerProcess, this_process
 
 log = logging.getLogger(__name__)
 DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages already queued still run
 RUN_UNIT_TASK = "batchinfer.run_unit"
-agent: WorkerAgent | None = None  # the WorkerAgent of this process, set by `batchinfer worker`
-webhooks: DeliveryLoop | None = None  # its webhook DeliveryLoop
-
-
-@lru_cache(maxsize=1)
-def context() -> AppContext:
-    return AppContext.create(get_settings(), migrate=False)
 
 
 def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
     """Plan what is pending and route it on the registry's view of the live workers (enqueues nothing)."""
-    loads = registry.worker_registry(ctx.settings).loads()
+    loads = open_registry(ctx.settings).loads()
     return dispatch(ctx, [w.name for w in loads], worker_loads=loads)
 
 
-def dispatch_and_send(ctx: AppContext) -> int:
+def dispatch_and_send(ctx: AppContext, incarnation: str | None = None) -> int:
     """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too).
     A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
     sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
-    lock = registry.dispatch_lock(ctx.settings)
+    lock = open_registry(ctx.settings).dispatch_lock()
     # the holder's incarnation as the token: the sweep leaves a live dispatcher's unsent units alone
-    if not lock.acquire(token=agent.state.incarnation if agent is not None else None):
+    if not lock.acquire(token=incarnation):
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
         return 0
     try:
@@ -67,20 +55,22 @@ def dispatch_and_send(ctx: AppContext) -> int:
 
 @app.task(name=DISPATCH_TASK)
 def dispatch_task() -> int:
-    return dispatch_and_send(context())
+    process = this_process()
+    return dispatch_and_send(process.ctx, process.incarnation)
 
 
 @app.task(name=RUN_UNIT_TASK, bind=True)
 def run_unit_task(self, unit_id: str) -> dict:
-    ctx = context()
+    process = this_process()
+    ctx, agent = process.ctx, process.agent
     worker = (self.request.hostname or "worker").split("@")[0]
     started = time.time()
     if agent is not None:
         agent.unit_started(unit_id)
     outcome = None
     try:
-        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker,
-                           incarnation=agent.state.incarnation if agent else None, stopping=_stopping)
+        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker, incarnation=process.incarnation,
+                           stopping=process.stopping)
     except UnitInterrupted as exc:  # the unit stays running on this incarnation; the sweep reruns it
         log.warning("unit %s interrupted by shutdown (%s); it will be rerun", unit_id, exc)
         return {"unit_id": unit_id, "committed": False, "completed": 0}
@@ -95,30 +85,24 @@ def run_unit_task(self, unit_id: str) -> dict:
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
 
 
-def _stopping() -> bool:
-    from celery.worker import state
-
-    return bool(state.should_stop or state.should_terminate or (agent is not None and agent.stopping))
-
-
 def _note_error(ctx: AppContext, unit_id: str, cause: str) -> None:
     """Best effort: the cause shows in the error lines if the unit fails for good."""
     try:
-        with transaction(ctx.sessions) as session:
-            session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == UnitStatus.RUNNING)
-                            .values(last_error=cause[:1000]))
+        units.note_unit_error(ctx, unit_id, cause)
     except Exception:
         log.warning("could not record the error of unit %s", unit_id)
 
 
-def sweep_hooks(ctx: AppContext) -> SweepHooks:
+def sweep_hooks(process: WorkerProcess) -> SweepHooks:
+    ctx = process.ctx
+
     def fail(unit_id: str, cause: str):
         with ctx.sessions() as session:
             unit = session.get(WorkUnit, unit_id)
             last = unit.last_error if unit is not None else None
         return fail_unit(ctx, unit_id, f"{cause}; last error: {last}" if last else cause).committed
 
-    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx),
+    return SweepHooks(requeue=requeue_unit, fail=fail, dispatch=lambda: dispatch_and_send(ctx, process.incarnation),
                       revalidate=lambda job_id: validate_job_task.apply_async(args=[job_id], queue=SHARED_QUEUE))
 
 
@@ -141,10 +125,11 @@ ESTIMATE_TASK = "batchinfer.estimate"
 def validate_job_task(job_id: str) -> str:
     """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
     and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
-    from batchinfer.db.models import JobStatus
-    from batchinfer.jobs.lifecycle import revalidate_job
-
-    status = revalidate_job(context(), job_id)
+    try:
+        status = validate_job(this_process().ctx, job_id).status
+    except ValidationDeferred as exc:  # kept `validating`: the sweep hands it on again once storage is back
+        log.warning("%s (%s)", exc, deferred_cause(exc))
+        return JobStatus.VALIDATING
     if status == JobStatus.QUEUED:
         trigger_dispatch()
     return status
@@ -155,5 +140,5 @@ def estimate_task(estimate_id: str, input_key: str) -> None:
     """The dry-run estimate of a stored file, written to storage for the API to read back."""
     from batchinfer.runtime.preview import store_estimate
 
-    ctx = context()
-    store_estimate(ctx, estimate_id, input_key, registry.worker_registry(ctx.settings).live())
+    ctx = this_process().ctx
+    store_estimate(ctx, estimate_id, input_key, open_registry(ctx.settings).live())

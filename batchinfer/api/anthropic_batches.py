@@ -10,10 +10,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from batchinfer.api.auth import context
 from batchinfer.api.errors import APIError
-from batchinfer.api.batches import _check_active_limit
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
-from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, TooManyActive
 from batchinfer.jobs import message_batches, service, tenants
 from batchinfer.jobs.anthropic_params import parse_create
 from batchinfer.jobs.anthropic_view import message_batch, results
@@ -52,6 +51,8 @@ def _anthropic_errors():
         raise AnthropicError(exc.status, exc.message) from None
     except JobNotFound as exc:
         raise AnthropicError(404, str(exc)) from None
+    except TooManyActive as exc:
+        raise AnthropicError(429, str(exc)) from None
     except JobConflict as exc:
         raise AnthropicError(400, str(exc)) from None  # Anthropic answers a wrong state with 400
     except (InvalidRequest, BatchInferError) as exc:
@@ -83,7 +84,6 @@ async def create(request: Request, ctx: AppContext = Depends(context), tenant: s
         raise AnthropicError(413, f"The batch is over the {ctx.settings.max_file_bytes}-byte limit.")
     with _anthropic_errors():
         body = parse_create(raw, ctx.settings.max_requests_per_file)
-        _check_active_limit(ctx, tenant)
         job = await run_in_threadpool(message_batches.create, ctx, tenant, body)
     request.app.state.work.validate(job.id)
     return message_batch(ctx, job, _base_url(request))

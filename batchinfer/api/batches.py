@@ -7,18 +7,15 @@ import json
 import time
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, Field, field_validator
-from sqlalchemy import func, select
+from pydantic import BaseModel, Field
 
 from batchinfer.api.auth import context, owner_id
 from batchinfer.api.errors import APIError
 from batchinfer.api.pages import page
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
 from batchinfer.jobs.batch_view import batch_object
-from batchinfer.settings import parse_duration
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -37,17 +34,6 @@ class CreateBatch(BaseModel):
     output_expires_after: OutputExpiresAfter | None = None
     skip_invalid: bool = False  # ours: run the valid lines; bad ones go to the error file
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is None:
-            return value
-        if len(value) > 16:
-            raise ValueError("at most 16 metadata pairs")
-        if any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
-            raise ValueError("metadata keys are at most 64 characters and values at most 512")
-        return value
-
 
 class EstimateRequest(BaseModel):
     input_file_id: str = Field(max_length=64)
@@ -58,12 +44,7 @@ def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(contex
            owner: str = Depends(owner_id)) -> dict:
     if spec.endpoint not in ENDPOINTS:
         raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", "unsupported_endpoint", "endpoint")
-    try:
-        parse_duration(spec.completion_window)
-    except ValueError as exc:
-        raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
     upload = _input_file(ctx, owner, spec.input_file_id)
-    _check_active_limit(ctx, owner)
     job = service.create_job(ctx, input_key=upload.storage_key, filename=upload.filename, metadata=spec.metadata,
                              completion_window=spec.completion_window, skip_invalid=spec.skip_invalid,
                              owner_id=owner,
@@ -81,15 +62,6 @@ def _input_file(ctx: AppContext, owner: str, file_id: str) -> files.FileView:
     if upload.purpose != "batch":
         raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.", "invalid_file", "input_file_id")
     return upload
-
-
-def _check_active_limit(ctx: AppContext, owner: str) -> None:
-    limit = ctx.settings.max_active_batches_per_owner
-    with ctx.sessions() as session:
-        active = session.scalar(select(func.count()).select_from(Job)
-                                .where(Job.owner_id == owner, Job.status.not_in(JobStatus.TERMINAL))) or 0
-    if active >= limit:
-        raise APIError(429, f"You have {active} unfinished batches; the limit is {limit}.", "too_many_active_batches")
 
 
 @router.get("")

@@ -6,7 +6,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound
+from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, TooManyActive
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
           409: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
@@ -44,6 +44,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(JobConflict)
     async def _conflict(_: Request, exc: JobConflict):
         return _reply(409, str(exc), "conflict")
+
+    @app.exception_handler(TooManyActive)
+    async def _too_many(_: Request, exc: TooManyActive):
+        return _reply(429, str(exc), "too_many_active_batches")
 
     @app.exception_handler(BatchInferError)
     async def _other(_: Request, exc: BatchInferError):

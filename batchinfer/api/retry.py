@@ -5,7 +5,6 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from batchinfer.api.auth import context, owner_id
-from batchinfer.api.batches import _check_active_limit
 from batchinfer.api.errors import APIError
 from batchinfer.context import AppContext
 from batchinfer.jobs.batch_view import batch_object
@@ -29,7 +28,6 @@ def retry(batch_id: str, request: Request, spec: RetryRequest | None = None, ctx
             parse_duration(spec.completion_window)
         except ValueError as exc:
             raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
-    _check_active_limit(ctx, owner)
     job = create_retry(ctx, batch_id, owner, set(spec.error_codes) if spec.error_codes else None,
                        spec.completion_window)
     request.app.state.work.validate(job.id)

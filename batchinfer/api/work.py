@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import one_line
-from batchinfer.jobs import lifecycle, service
+from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.state.validation import validation_lost
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,16 @@ class WorkQueue:
             validate_job_task.apply_async(args=[job_id])
         except Exception as exc:
             log.warning("could not queue the validation of %s (%s); the sweep will validate it", job_id, one_line(exc))
-            lifecycle.validation_lost(self.ctx, job_id)
+            validation_lost(self.ctx, job_id)
 
     def _validate_and_run(self, job_id: str) -> None:
         from batchinfer.runtime.embedded import run_pending
 
         try:
-            if service.validate_job(self.ctx, job_id).status == JobStatus.QUEUED:
+            if validate_job(self.ctx, job_id).status == JobStatus.QUEUED:
                 run_pending(self.ctx)
+        except ValidationDeferred as exc:  # kept `validating`: the sweep validates it again
+            log.warning("%s (%s)", exc, deferred_cause(exc))
         except Exception:
             log.exception("embedded run of %s failed; the next run picks up what is left", job_id)
 

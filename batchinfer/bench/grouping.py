@@ -263,7 +263,7 @@ def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) ->
 def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingBenchOptions) -> ModeResult:
     from sqlalchemy import select
 
-    from batchinfer.jobs import keys, service
+    from batchinfer.jobs import storage_keys, service
     from batchinfer.db.models import WorkUnit
     from batchinfer.planner import estimate_plan
     from batchinfer.runtime.dispatch import planner_config
@@ -272,7 +272,7 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
     jobs = [service.get(ctx, j) for j in job_ids]
     pending = []
     for job in jobs:
-        with ctx.storage.open_read(keys.job_prepared(job.id)) as stream:
+        with ctx.storage.open_read(storage_keys.job_prepared(job.id)) as stream:
             for raw in stream:
                 req = PreparedRequest.from_json(raw)
                 pending.append(req.to_pending(job.id, scope=job.cache_scope))

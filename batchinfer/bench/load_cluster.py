@@ -12,7 +12,7 @@ from typing import Any
 
 from batchinfer.context import AppContext
 from batchinfer.settings import Settings, get_settings
-from workers import registry
+from batchinfer.cluster.registry import open_registry
 
 from .services import RedisServer, SeaweedS3, create_database, drop_database, start_cli, stop
 
@@ -69,7 +69,7 @@ class LoadCluster:
         for name in names:
             self.workers[name] = start_cli(env, self.work / f"worker-{name}.log", "worker", "--name", name)
         deadline = time.time() + timeout
-        while not set(names) <= set(registry.live_workers(self.settings)):  # listed once the model is loaded
+        while not set(names) <= {w.name for w in open_registry(self.settings).live()}:  # listed once the model is loaded
             for name, proc in self.workers.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"worker {name} exited: {self.worker_log(name)[-1500:]}")

@@ -81,16 +81,13 @@ class WorkerAgent:
             try:
                 self.tick()
             except Exception as exc:  # the agent must outlive any fault (Redis, database, storage down)
-                transient = isinstance(exc, redis.RedisError) or _transient(exc)
-                if transient:
+                if _transient(exc):
                     log.warning("worker agent tick: %s; will retry", one_line(exc))
                 else:
                     log.exception("worker agent tick failed")
 
 
 def _transient(exc: BaseException) -> bool:
-    from botocore.exceptions import BotoCoreError, ClientError
+    from batchinfer.jobs.faults import is_transient
 
-    from batchinfer.db.session import is_transient
-
-    return is_transient(exc) or isinstance(exc, (BotoCoreError, ClientError, OSError))
+    return isinstance(exc, redis.RedisError) or is_transient(exc)

@@ -160,6 +160,10 @@ class WorkerRegistry:
         token = self.conn.get(self.dispatch_key())
         return token is not None and _text(token) in {w.incarnation for w in self.live() if w.incarnation}
 
+    def dispatch_lock(self, wait_s: float = 120.0):
+        """Serializes dispatchers so concurrent submissions get planned together, never twice."""
+        return self.conn.lock(self.dispatch_key(), timeout=600, blocking_timeout=wait_s)
+
     def lock(self, name: str, timeout_s: float):
         return self.conn.lock(f"{self.key_prefix}batchinfer:{name}", timeout=timeout_s, blocking=False)
 

@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import exists, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
-from batchinfer.db.session import retrying
 from batchinfer.errors import one_line
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.jobs import lifecycle
+from batchinfer.jobs.state import units
 
 log = logging.getLogger(__name__)
 
@@ -152,15 +152,7 @@ def _rerun(ctx: AppContext, hooks: SweepHooks, unit_id: str, attempts: int, caus
         except Exception as exc:  # storage still down (its error lines go there): the next sweep tries again
             log.warning("unit %s: could not fail it yet: %s", unit_id, one_line(exc))
         return
-    now = time.time()
-
-    def claim(session) -> bool:  # only if nothing moved it meanwhile (a commit, another rerun)
-        result = session.execute(update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == expect,
-                                                        WorkUnit.attempts == attempts)
-                                 .values(status=UnitStatus.QUEUED, dispatched_at=now, last_error=cause[:1000]))
-        return result.rowcount == 1
-
-    if retrying(ctx.sessions, claim):
+    if units.send_again(ctx, unit_id, expect, attempts, cause):
         log.warning("unit %s: %s; sending it again", unit_id, cause)
         hooks.requeue(unit_id)
         (done.rerun if expect == UnitStatus.RUNNING else done.resent).append(unit_id)

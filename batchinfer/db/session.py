@@ -61,7 +61,7 @@ def transaction(factory: sessionmaker[Session]):
         yield session
 
 
-def is_transient(exc: BaseException) -> bool:
+def is_transient_db(exc: BaseException) -> bool:
     """A lost connection, a restart, a deadlock or lock timeout: the same transaction may succeed later."""
     return isinstance(exc, (OperationalError, InterfaceError)) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated)
@@ -75,7 +75,7 @@ def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], attem
             with transaction(factory) as session:
                 return work(session)
         except DBAPIError as exc:
-            if attempt == attempts - 1 or not is_transient(exc):
+            if attempt == attempts - 1 or not is_transient_db(exc):
                 raise
             delay = min(base_delay_s * 2 ** attempt, 5.0)
             log.warning("database: %s; retrying in %.1f s", str(exc.orig or exc).splitlines()[0][:200], delay)

@@ -12,10 +12,7 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .stop_checker import StopChecker
-from .types import GenerationRequest, GenerationResult, now
-
-# torch.Generator.manual_seed takes any value that fits in 64 bits, signed or unsigned.
-MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
+from .types import GenerationRequest, GenerationResult, context_length, now, refusal
 
 
 class LLMEngine:
@@ -23,8 +20,7 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
-        self.max_model_len: int = min(self.config.max_model_len or hf_config.max_position_embeddings,
-                                 hf_config.max_position_embeddings)
+        self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
@@ -113,14 +109,9 @@ class LLMEngine:
     def check_request(self, req: GenerationRequest) -> None:
         """Raise ValueError if the request can never run here (empty, too long for the context or the KV cache)."""
         total = len(req.prompt_token_ids) + req.sampling.max_tokens
-        if req.sampling.seed is not None and not MIN_SEED <= req.sampling.seed <= MAX_SEED:
-            raise ValueError(f"request {req.request_id}: seed {req.sampling.seed} is outside the range torch takes "
-                             f"[{MIN_SEED}, {MAX_SEED}]")
-        if not req.prompt_token_ids:
-            raise ValueError(f"request {req.request_id}: empty prompt")
-        if len(req.prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"request {req.request_id}: prompt of {len(req.prompt_token_ids)} tokens does not fit "
-                             f"max_model_len {self.max_model_len}")
+        problem = refusal(req, self.max_model_len)
+        if problem:
+            raise ValueError(problem)
         if self.block_manager.blocks_for(min(total, self.max_model_len)) > self.block_manager.num_blocks:
             raise ValueError(f"request {req.request_id}: {total} tokens exceed the whole KV cache "
                              f"({self.block_manager.num_blocks} blocks of {self.config.block_size})")

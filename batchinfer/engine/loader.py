@@ -4,7 +4,6 @@ Converting the GGUF file takes about a minute; the cached safetensors copy loads
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -12,6 +11,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from .file_key import file_key
 
 if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
     import torch
@@ -64,11 +65,6 @@ def default_model_path() -> str:
     return str(found[0])
 
 
-def _cache_key(gguf: Path) -> str:
-    stat = gguf.stat()
-    return hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-
-
 def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -106,7 +102,7 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
         return path
     if path.suffix != ".gguf" or not path.exists():
         raise FileNotFoundError(f"model not found: {path} (expected a .gguf file or a Hugging Face model directory)")
-    target = Path(cache_dir) / f"{path.stem}-{_cache_key(path)}"
+    target = Path(cache_dir) / f"{path.stem}-{file_key(path)}"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         _convert_gguf(path, target)

@@ -4,6 +4,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# torch.Generator.manual_seed takes any value that fits in 64 bits, signed or unsigned: the one seed range.
+MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
+
 
 @dataclass
 class SamplingParams:
@@ -85,6 +88,33 @@ class GenerationResult:
     @property
     def e2e_s(self) -> float:
         return self.last_token_time - self.arrival_time
+
+
+DEFAULT_CONTEXT = 8192  # a model config that names no max_position_embeddings
+
+
+def context_length(model_config, max_model_len: int | None = None) -> int:
+    """The longest sequence (prompt + completion) served: the model's max_position_embeddings (from its config
+    object or its config.json dict), capped at max_model_len when set. Validation, the engine and the
+    transformers path all take it from here."""
+    if isinstance(model_config, dict):
+        limit = model_config.get("max_position_embeddings")
+    else:
+        limit = getattr(model_config, "max_position_embeddings", None)
+    limit = int(limit or DEFAULT_CONTEXT)
+    return min(max_model_len or limit, limit)
+
+
+def refusal(req: GenerationRequest, max_model_len: int) -> str | None:
+    """Why no generator can ever run `req` within a context of max_model_len tokens, or None."""
+    seed = req.sampling.seed
+    if seed is not None and not MIN_SEED <= seed <= MAX_SEED:
+        return f"request {req.request_id}: seed {str(seed)[:40]} is outside the range torch takes [{MIN_SEED}, {MAX_SEED}]"
+    if not req.prompt_token_ids:
+        return f"request {req.request_id}: empty prompt"
+    if len(req.prompt_token_ids) >= max_model_len:
+        return f"request {req.request_id}: prompt of {len(req.prompt_token_ids)} tokens does not fit max_model_len {max_model_len}"
+    return None
 
 
 def time_per_output_token(first_token_time: float, last_token_time: float, output_tokens: int) -> float:

@@ -6,7 +6,6 @@ and only the pages the model reads count in RSS.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import tempfile
@@ -14,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from .file_key import file_key
 
 if TYPE_CHECKING:
     from .loader import CausalLM
@@ -67,10 +68,8 @@ def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Pat
 def cache_path(folder: Path, cache_dir: str | Path, dtype: torch.dtype) -> Path:
     """One file per (checkpoint, dtype, layout); the checkpoint is named by its path, size and mtime."""
     source = folder / "model.safetensors"
-    stat = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{LAYOUT_VERSION}".encode())
     dtype_name = str(dtype).removeprefix("torch.")
-    return Path(cache_dir) / "engine" / f"{folder.name}-{key.hexdigest()[:16]}-{dtype_name}.safetensors"
+    return Path(cache_dir) / "engine" / f"{folder.name}-{file_key(source, LAYOUT_VERSION)}-{dtype_name}.safetensors"
 
 
 def _save(weights: dict[str, torch.Tensor], path: Path) -> None:

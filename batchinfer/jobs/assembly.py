@@ -7,7 +7,7 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from batchinfer.jobs import formats, keys
+from batchinfer.jobs import formats, storage_keys
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
 from batchinfer.jobs.records import UnitResult
 from batchinfer.storage import Storage
@@ -27,9 +27,9 @@ def _unit_records(storage: Storage, result_key: str, job_id: str, committed: set
 
 
 def _invalid_records(storage: Storage, job_id: str) -> Iterator[tuple[int, bool, bytes]]:
-    if not storage.exists(keys.job_invalid(job_id)):
+    if not storage.exists(storage_keys.job_invalid(job_id)):
         return
-    with storage.open_read(keys.job_invalid(job_id)) as stream:
+    with storage.open_read(storage_keys.job_invalid(job_id)) as stream:
         for raw in stream:
             yield json.loads(raw)["error"]["line"], False, raw
 
@@ -62,7 +62,7 @@ def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
         sources = [_unit_records(storage, key, job_id, result_keys[key]) for key in sorted(result_keys)]
         return heapq.merge(*sources, key=lambda r: r[0])
 
-    with storage.open_write(keys.job_output(job_id)) as out:
+    with storage.open_write(storage_keys.job_output(job_id)) as out:
         for _, ok, raw in merged():
             if ok:
                 out.write(raw)
@@ -71,9 +71,9 @@ def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
                          key=lambda r: r[0])
     first = next(errors, None)
     if first is None:
-        return keys.job_output(job_id), None
-    with storage.open_write(keys.job_errors(job_id)) as out:
+        return storage_keys.job_output(job_id), None
+    with storage.open_write(storage_keys.job_errors(job_id)) as out:
         out.write(first[2])
         for _, _, raw in errors:
             out.write(raw)
-    return keys.job_output(job_id), keys.job_errors(job_id)
+    return storage_keys.job_output(job_id), storage_keys.job_errors(job_id)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 from pydantic_core import PydanticCustomError
 
-from batchinfer.engine.types import SamplingParams
+from batchinfer.engine.types import MAX_SEED, MIN_SEED, SamplingParams
 
 Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.bodies
 SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
@@ -20,7 +20,6 @@ Role = Literal["system", "user", "assistant", "developer"]
 ROLES = get_args(Role)
 MAX_STOP = 4
 CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # signed 64 bits: torch.Generator.manual_seed takes it, and a BIGINT holds it
 
 
 def _unicode(text: str) -> str:
@@ -78,8 +77,8 @@ class Sampling(BaseModel):
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = Field(None, description="an integer >= 0 (or -1: no cut)")
-    seed: Annotated[StrictInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = Field(
-        None, description="an integer in [-2**63, 2**63-1]")
+    seed: Annotated[StrictInt, Field(ge=MIN_SEED, le=MAX_SEED)] | None = Field(
+        None, description="an integer in [-2**63, 2**64-1]")
     stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = Field(
         None, description=f"a non-empty string or a list of up to {MAX_STOP} of them")
     n: Literal[1] = Field(1, description="1 (only n=1 is supported)")

@@ -11,7 +11,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request
 from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict, JobNotFound
-from batchinfer.jobs import keys, service
+from batchinfer.jobs import service, storage_keys
 from batchinfer.jobs.anthropic_params import MESSAGES_ENDPOINT, CreateBody, input_lines
 from batchinfer.jobs.anthropic_view import job_id
 
@@ -64,6 +64,6 @@ def delete(ctx: AppContext, owner: str, batch_id: str) -> None:
             raise JobConflict(f"message batch {batch_id[:80]} is still processing; cancel it before deleting it")
         session.execute(sql_delete(Request).where(Request.job_id == job.id))
         session.delete(row)
-    for key in {job.input_key, job.output_key, job.error_key, keys.job_prepared(job.id), keys.job_invalid(job.id)}:
+    for key in {job.input_key, job.output_key, job.error_key, storage_keys.job_prepared(job.id), storage_keys.job_invalid(job.id)}:
         if key and key.startswith(f"jobs/{job.id}/"):  # only its own files, never a shared upload
             ctx.storage.delete(key)

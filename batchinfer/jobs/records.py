@@ -110,7 +110,4 @@ class UnitResult:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> UnitResult:
-        entry = json.loads(raw)
-        if "tokens" in entry:  # a file written before the counts were named: [prompt, completion, cached]
-            entry["prompt_tokens"], entry["completion_tokens"], entry["cached_tokens"] = entry.pop("tokens")
-        return cls(**entry)
+        return cls(**json.loads(raw))

@@ -8,7 +8,6 @@ from sqlalchemy import case, func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Request, RequestStatus, UnitStatus, WorkUnit
-from batchinfer.jobs.records import work_tokens
 
 NO_GROUP = "(no group)"
 
@@ -90,15 +89,3 @@ def job_prefix_report(ctx: AppContext, job_id: str) -> dict:
     units = unit_figures(ctx, job_id)
     return {"groups": [g.to_dict() for g in group_figures(units)], "units": units_json(units)}
 
-
-def unit_summary(ctx: AppContext, unit_id: str) -> tuple[str, int]:
-    """A finished unit's prefix key and the tokens it computed (uncached prompt plus completion)."""
-    with ctx.sessions() as session:
-        unit = session.get(WorkUnit, unit_id)
-        if unit is None:
-            return "", 0
-        if unit.status != UnitStatus.DONE:
-            return unit.prefix_key, 0
-        work = session.scalar(select(func.sum(work_tokens(Request.prompt_tokens, Request.completion_tokens,
-                                                          Request.cached_tokens))).where(Request.unit_id == unit_id))
-    return unit.prefix_key, int(work or 0)

@@ -6,6 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from batchinfer.engine.loader import Tokenizer
+from batchinfer.engine.types import context_length
 from batchinfer.settings import Settings
 
 # Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
@@ -43,7 +44,7 @@ def _tokenizer_and_len(model: str | None, cache_dir: str):
 
     folder = resolve_model_dir(model, cache_dir)
     config = json.loads((folder / "config.json").read_text())
-    return _LazyTokenizer(folder), int(config.get("max_position_embeddings", 8192))
+    return _LazyTokenizer(folder), context_length(config)
 
 
 def tokenizer_and_context(settings: Settings):

@@ -14,7 +14,8 @@ from sqlalchemy import select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
-from batchinfer.db.session import is_transient, transaction
+from batchinfer.db.session import transaction
+from batchinfer.jobs.faults import is_transient
 from batchinfer.errors import one_line
 from batchinfer.jobs.webhook_signing import headers
 

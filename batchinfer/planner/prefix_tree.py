@@ -120,9 +120,6 @@ class PrefixTree:
             node.count, node.cost, node.first = count, cost, first
             node.savings = savings + len(node.edge) * (count - 1)
 
-    def distinct_block_tokens(self) -> int:
-        return sum(len(n.edge) for n in self.preorder())
-
     def expected_cached_tokens(self) -> int:
         """Prompt tokens served from cache when every distinct block is computed once."""
         return self.root.savings

@@ -5,24 +5,24 @@ enqueues the returned units (Celery) or runs them in-process (embedded).
 """
 from __future__ import annotations
 
-import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 
-from sqlalchemy import and_, bindparam, distinct, func, or_, select, update
+from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
-from batchinfer.jobs import keys
+from batchinfer.jobs import storage_keys
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying
 from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
+from batchinfer.jobs.state import units
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int]]
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
-    with ctx.storage.open_write(keys.unit_input(unit_id)) as out:
+    with ctx.storage.open_write(storage_keys.unit_input(unit_id)) as out:
         for req in plan.requests:
             out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope).to_json() + b"\n")
 
@@ -124,7 +124,7 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     """Stream each job's prepared file, keeping only the pending requests."""
     found = {}
     for job_id, indices in pending.items():
-        with ctx.storage.open_read(keys.job_prepared(job_id)) as stream:
+        with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
             for raw in stream:
                 req = PreparedRequest.from_json(raw)
                 if req.index in indices:
@@ -133,25 +133,5 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
 
 
 def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int) -> DispatchedUnit | None:
-    """Claim the plan's requests that are still pending in a runnable job, and record the unit over them."""
-    wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
-    by_job: dict[str, list[int]] = defaultdict(list)
-    for job_id, index in wanted:
-        by_job[job_id].append(index)
-    mine = or_(*(and_(Request.job_id == j, Request.index.in_(idx)) for j, idx in sorted(by_job.items())))
-    rows = session.execute(select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
-                           .where(mine, Request.status == RequestStatus.PENDING,
-                                  Job.status.in_(JobStatus.RUNNABLE))
-                           .with_for_update(of=Request, skip_locked=True))
-    claimed = sorted(key for key in (tuple(row) for row in rows) if key in wanted)
-    if not claimed:
-        return None
-    now = time.time()
-    session.add(WorkUnit(id=unit_id, status=UnitStatus.QUEUED, queue=queue, prefix_key=plan.prefix_key,
-                         shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
-                         input_key=keys.unit_input(unit_id), created_at=now, dispatched_at=now))
-    session.flush()
-    stmt = (update(Request).where(Request.job_id == bindparam("j"), Request.index == bindparam("i"))
-            .values(status=RequestStatus.PLANNED, unit_id=unit_id, unit_pos=bindparam("p")))
-    session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
-    return DispatchedUnit(unit_id, queue, len(claimed), level)
+    claimed = units.plan_unit(session, unit_id, plan, queue)
+    return DispatchedUnit(unit_id, queue, claimed, level) if claimed else None

@@ -2,7 +2,7 @@
 both fit it."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, runtime_checkable
+from typing import Callable, Iterable, Protocol
 
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 
@@ -11,12 +11,7 @@ class Generator(Protocol):
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Run every request to completion; on_result sees each as it finishes; the list keeps input order.
-        A result may carry an `error` attribute: that request failed alone."""
+        A request the generator can never run (engine.types.refusal) gets a result with `error` set: it
+        fails alone, the rest of the batch runs."""
         ...
 
-
-@runtime_checkable
-class CheckingGenerator(Generator, Protocol):
-    def check_request(self, req: GenerationRequest) -> None:
-        """Raise ValueError when the generator can never run this request (checked before a batch runs)."""
-        ...

@@ -16,7 +16,7 @@ from batchinfer.engine.loader import LoadedModel, load_model
 from batchinfer.engine.sampler import Sampler
 from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.stop_checker import StopChecker
-from batchinfer.engine.types import GenerationRequest, GenerationResult
+from batchinfer.engine.types import GenerationRequest, GenerationResult, context_length, refusal
 
 
 class HFGenerator:
@@ -24,7 +24,7 @@ class HFGenerator:
         # load_model's transformers model, called as a function (which the CausalLM protocol does not promise).
         self.model: Any = loaded.hf_model
         self.tokenizer = loaded.tokenizer
-        self.max_model_len = int(getattr(loaded.config, "max_position_embeddings", 8192))
+        self.max_model_len = context_length(loaded.config)
         self.sampler = Sampler()
         self.stop_checker = StopChecker(loaded.tokenizer, eos_token_ids(loaded), self.max_model_len)
 
@@ -41,7 +41,8 @@ class HFGenerator:
                 req.arrival_time = now
         results = []
         for req in requests:
-            result = self._generate_one(req)
+            problem = refusal(req, self.max_model_len)
+            result = GenerationResult.failed(req, problem) if problem else self._generate_one(req)
             if on_result:
                 on_result(result)
             results.append(result)

@@ -6,7 +6,7 @@ from typing import BinaryIO
 from batchinfer.context import AppContext
 from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
-from batchinfer.jobs.service import validation_limits
+from batchinfer.jobs.job_validation import validation_limits
 from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
 

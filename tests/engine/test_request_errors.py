@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from batchinfer.engine.types import refusal
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,13 @@ def test_a_duplicate_id_in_one_batch_keeps_its_own_error(engine):
     results = engine.generate([GenerationRequest("d", [5, 6], params), GenerationRequest("d", [7, 8], params)])
     assert results[0].ok and results[0].completion_tokens == 2
     assert results[1].finish_reason == "error" and "duplicate" in results[1].error
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("prompt, seed, refused", [
+    ([5], (1 << 64) - 1, None), ([5], -(1 << 63), None), ([5], 1 << 64, "seed"), ([5], -(1 << 63) - 1, "seed"),
+    ([], None, "empty prompt"), (list(range(255)), None, None), (list(range(256)), None, "max_model_len")])
+def test_refusal_is_the_one_rule_every_generator_applies(prompt, seed, refused):
+    """LLMEngine.check_request and HFGenerator both refuse by engine.types.refusal; validation takes the same seeds."""
+    problem = refusal(GenerationRequest("r", prompt, SamplingParams(seed=seed)), max_model_len=256)
+    assert (problem is None) if refused is None else (refused in problem)

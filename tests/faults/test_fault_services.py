@@ -39,7 +39,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     again once the unit has stored its results. Back within the commit's retries: the commit gets through
     (pool_pre_ping drops the dead connections). Back only after the worker gave the commit up: the unit
     stays running in the database, and the sweep reruns it behind the fence."""
-    from batchinfer.jobs import keys
+    from batchinfer.jobs import storage_keys
 
     c = fault_cluster(database=private_postgres.url)
     c.start("w1")
@@ -48,7 +48,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     unit = c.wait_unit_running("w1")
     fault_at = time.time()
     private_postgres.stop("immediate")
-    wait_for(lambda: c.context().storage.exists(keys.unit_results(unit.id, 1)), 90, "the unit's results file")
+    wait_for(lambda: c.context().storage.exists(storage_keys.unit_results(unit.id, 1)), 90, "the unit's results file")
     if past_retries:
         wait_for(lambda: "did not commit" in c.log_tail("w1", 10 ** 6), 90, "the worker to give the commit up")
     else:

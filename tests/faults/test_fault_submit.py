@@ -8,7 +8,8 @@ import re
 import signal
 import time
 
-from batchinfer.jobs import service
+from batchinfer.jobs import lifecycle, service
+from batchinfer.runtime.dispatch import dispatch
 from faultlib import job_lines, pause, record_recovery, resume, wait_for, write_lines
 
 BIG = 20_000  # lines: tiny requests, so validation is all per-line work and lasts long enough to be hit
@@ -61,7 +62,10 @@ def test_cancel_during_validation_wins_and_nothing_of_the_job_runs(fault_cluster
     assert submit.wait(120) == 0, c.output("submit")
     stopped_at = time.time()
     assert f"job {job_id} was cancelled while it validated" in c.output("submit")
-    time.sleep(3)  # many sweeps and dispatch countdowns: a job set back to queued would have units by now
+    # a sweep and a dispatch of our own, each of which would revive or plan a job that was set back to queued
+    ctx = c.context()
+    lifecycle.sweep_jobs(ctx, now=time.time() + ctx.settings.validation_stale_s + 1)
+    assert dispatch(ctx) == []
     job = c.job(job_id)
     assert job.status == "cancelled" and job.queued_at is None, (job.status, job.queued_at)
     assert c.units() == [] and c.request_rows(job_id) == 0

@@ -1,0 +1,140 @@
+"""Validate a stored job: the one path, with one error policy, whoever asks (CLI submit, the API, a worker's
+validate_job task, the sweep).
+
+The policy: a fault that may pass (the database or storage unreachable) leaves the job `validating` and
+raises ValidationDeferred, and the sweep validates it again later; any other failure fails the job, naming
+its cause, and returns it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job
+from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
+from batchinfer.jobs import formats, storage_keys
+from batchinfer.jobs.faults import is_transient
+from batchinfer.jobs.state import validation as state
+from batchinfer.jobs.tokenizer import tokenizer_and_context
+from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
+from batchinfer.settings import Settings
+
+log = logging.getLogger(__name__)
+INSERT_BATCH = 1000
+BEAT_S = 5.0  # a validation renews its lease at least this often, also through a long run of invalid lines
+
+
+class ValidationDeferred(BatchInferError):
+    """The job is kept `validating`: a fault that may pass stopped its validation, and the sweep resumes it."""
+
+
+def validate_job(ctx: AppContext, job_id: str) -> Job:
+    """Validate a `validating` job's stored input and move it on to queued or failed; returns the job.
+    Idempotent and resumable: each run claims the job and starts clean (a crashed run's request rows are
+    dropped), request rows are committed in batches, and a run that lost its claim stops. A cancel that
+    lands meanwhile wins: the job ends cancelled and is never set back to queued."""
+    try:
+        return _validate_job(ctx, job_id)
+    except JobNotFound:
+        raise
+    except Exception as exc:
+        return _failed(ctx, job_id, exc)
+
+
+def _validate_job(ctx: AppContext, job_id: str) -> Job:
+    token = state.claim_validation(ctx, job_id)
+    if token is None:
+        return _get(ctx, job_id)
+    job = _get(ctx, job_id)
+    try:
+        report = _validate(ctx, job, token)
+    except state.ValidationSuperseded:
+        return _get(ctx, job_id)
+    return state.finish_validation(ctx, job_id, token, report, _runs(job, report))
+
+
+def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
+    if is_transient(exc):
+        raise ValidationDeferred(_deferred(ctx, job_id, exc)) from exc
+    if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
+        cause = "the input file was never stored (the submit was interrupted)"
+    else:
+        cause = f"validation failed: {excerpt(str(exc)) or 'an internal error'}"
+    log.info("job %s fails: %s (%s)", job_id, cause, one_line(exc))
+    try:
+        state.fail_validation(ctx, job_id, cause)
+        return _get(ctx, job_id)
+    except Exception as again:  # the database or storage went away meanwhile: the next sweep tries again
+        raise ValidationDeferred(_deferred(ctx, job_id, again)) from again
+
+
+def _deferred(ctx: AppContext, job_id: str, exc: BaseException) -> str:
+    """The one line a person sees (the CLI prints it); callers that keep going log the cause (deferred_cause)."""
+    return (f"job {job_id} is stored, but its validation stopped (storage or the database is unreachable); it is "
+            f"validated again once {ctx.settings.validation_stale_s:g} s pass with both back")
+
+
+def deferred_cause(exc: ValidationDeferred) -> str:
+    """What stopped a deferred validation, for the log (never shown to users: it may name hosts and paths)."""
+    return one_line(exc.__cause__) if exc.__cause__ is not None else ""
+
+
+def _get(ctx: AppContext, job_id: str) -> Job:
+    with ctx.sessions() as session:
+        job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(f"no job {job_id!r}")
+    return job
+
+
+def _input_stored(ctx: AppContext, job_id: str) -> bool:
+    job = _get(ctx, job_id)
+    return job.input_key is not None and ctx.storage.exists(job.input_key)
+
+
+def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
+    return ValidationLimits(model_id=s.model_id, max_model_len=max_model_len, max_requests=s.max_requests_per_file,
+                            max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
+                            default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept)
+
+
+def _input_key(job: Job) -> str:
+    """The job's input: the key create_job set (the column is nullable), else the default one."""
+    return job.input_key or storage_keys.job_input(job.id)
+
+
+def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
+    """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
+    tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
+    rows: list[dict] = []
+    beat_at = time.monotonic()
+
+    def commit_when_due() -> None:  # each commit renews the lease and notices a cancel
+        nonlocal beat_at
+        if len(rows) >= INSERT_BATCH or time.monotonic() - beat_at >= BEAT_S:
+            state.add_requests(ctx, job.id, token, rows)
+            beat_at = time.monotonic()
+
+    with (ctx.storage.open_read(_input_key(job)) as source,
+          ctx.storage.open_write(storage_keys.job_prepared(job.id)) as prepared,
+          ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
+        def on_valid(req: PreparedRequest) -> None:
+            prepared.write(req.to_json().encode() + b"\n")
+            rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
+            commit_when_due()
+
+        def on_invalid(error: LineError) -> None:
+            invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
+                                                           error.message, error.line, error.param)))
+            commit_when_due()
+
+        limits = validation_limits(ctx.settings, max_model_len)
+        limits.endpoint = job.endpoint
+        report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
+        state.add_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
+    return report
+
+
+def _runs(job: Job, report: ValidationReport) -> bool:
+    return report.valid > 0 and (report.ok or (job.skip_invalid and not report.file_error))

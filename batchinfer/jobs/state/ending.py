@@ -1,0 +1,141 @@
+"""Moves that end a job: cancel, expire, close what nothing runs any more, and finalize (assemble its files).
+
+Each is idempotent and safe from many processes at once: a conditional UPDATE decides who makes it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Callable
+
+from sqlalchemy import delete, exists, select, update
+from sqlalchemy.orm import Session
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
+from batchinfer.db.session import retrying, transaction
+from batchinfer.errors import JobConflict, JobNotFound
+from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.state import table as T
+from batchinfer.jobs.webhook_events import record_final
+
+log = logging.getLogger(__name__)
+FINALIZE_LEASE_S = 300.0  # a finalize that crashed midway is taken over after this long
+FINALIZE_MAX_ATTEMPTS = 12
+FINALIZE_BACKOFF_S = (2.0, 600.0)  # first retry after 2 s, doubling, at most 10 minutes apart
+
+
+def cancel(ctx: AppContext, job_id: str, now: float, visible: Callable[[Job], bool] = lambda job: True) -> None:
+    """Stop what has not started (a validation stops at its next batch, and none of its requests count);
+    everything finished so far is kept. `visible` scopes the call to the jobs a caller may see."""
+    with transaction(ctx.sessions) as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None or not visible(job):
+            raise JobNotFound(f"no job {job_id!r}")
+        if not T.CANCEL_JOB.allows(job.status):
+            raise JobConflict(f"job {job_id} is already {job.status}")
+        if job.status == JobStatus.VALIDATING:
+            session.execute(delete(Request).where(Request.job_id == job_id))
+            job.validation_token = None
+        T.apply(job, T.CANCEL_JOB, now)
+        close_unstarted(session, job_id, T.CANCEL_UNSTARTED)
+
+
+def close_unstarted(session, job_id: str, t: T.Transition) -> int:
+    """Unstarted requests of a job move by `t` (cancel, expire); the job counts them as failed."""
+    session.execute(select(Job.id).where(Job.id == job_id).with_for_update())
+    moved = T.move(session, t, Request.job_id == job_id)
+    session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + moved))
+    return moved
+
+
+def expire_overdue(ctx: AppContext, now: float) -> list[str]:
+    """Jobs past their completion window: unstarted requests expire (finished ones are kept); returns them,
+    for the caller to finalize."""
+    def work(session) -> list[str]:
+        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)
+                                       .order_by(Job.id)))
+        for job_id in overdue:
+            close_unstarted(session, job_id, T.EXPIRE_UNSTARTED)
+        return overdue
+
+    return retrying(ctx.sessions, work)
+
+
+def close_cancelled(ctx: AppContext) -> int:
+    """Requests of cancelling jobs left open by a unit that no longer runs (it was rerun or lost) are
+    cancelled: nothing will run them again, and the job can then finish."""
+    def work(session) -> int:
+        jobs = list(session.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLING).order_by(Job.id)
+                                    .with_for_update()))
+        closed = 0
+        for job_id in jobs:
+            not_running = ~exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.RUNNING)
+            moved = T.move(session, T.CANCEL_ORPHANED, Request.job_id == job_id, not_running)
+            if moved:
+                session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + moved))
+                closed += moved
+        return closed
+
+    return retrying(ctx.sessions, work)
+
+
+def try_finalize(ctx: AppContext, job_id: str) -> bool:
+    """Assemble the files once no request is open. A conditional UPDATE lets one caller at a time do it; a
+    finalize that fails (storage down) is retried by the sweep with backoff, and fails the job at the end."""
+    now = time.time()
+    claimed = retrying(ctx.sessions, lambda session: _claim_finalize(session, job_id, now))
+    if claimed is None:
+        return False
+    try:
+        retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
+        return True
+    except Exception as exc:  # storage or database still failing after retries: try again later
+        retrying(ctx.sessions, partial(_finalize_failed, job_id=job_id, claimed=claimed, exc=exc))
+        return False
+
+
+def _claim_finalize(session, job_id: str, now: float) -> tuple[bool, int] | None:
+    """(cancelled?, attempts) when this caller now owns the finalize, else None."""
+    open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
+    lease = {"finalizing_at": now, "finalize_after": now + FINALIZE_LEASE_S, "finalize_attempts": Job.finalize_attempts + 1}
+    first = T.statement(T.FINALIZE_JOB, Job.id == job_id, ~open_requests, **lease)
+    retry = T.statement(T.RETRY_FINALIZE, Job.id == job_id, Job.finalize_after < now, **lease)
+    for stmt in (first, retry):
+        won = session.execute(stmt.returning(Job.cancelling_at, Job.finalize_attempts)).first()
+        if won is not None:
+            return won.cancelling_at is not None, won.finalize_attempts
+    return None
+
+
+def _assemble(ctx: AppContext, session: Session, job_id: str, claimed: tuple[bool, int]) -> None:
+    output_key, error_key = assemble(session, ctx.storage, job_id)
+    expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None or job.status != JobStatus.FINALIZING:  # a run that took over after this one's lease ended finished it
+        return
+    job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
+    cancelled, _ = claimed
+    T.apply(job, T.END_CANCELLED if cancelled else T.EXPIRE_JOB if expired else T.COMPLETE_JOB, time.time())
+    record_final(session, job)
+
+
+def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
+    _, attempts = claimed
+    cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None or job.status != JobStatus.FINALIZING:
+        return
+    if attempts >= FINALIZE_MAX_ATTEMPTS:
+        log.error("job %s: finalize failed %d times, the job fails: %s", job_id, attempts, cause)
+        T.apply(job, T.FAIL_FINALIZE, time.time())
+        job.finalize_after = None
+        job.errors = [*(job.errors or []), {"line": None, "code": "server_error", "param": None,
+                                            "message": "could not assemble the results (storage kept failing)"}]
+        record_final(session, job)
+        return
+    first, cap = FINALIZE_BACKOFF_S
+    delay = min(first * 2 ** (attempts - 1), cap)
+    job.finalize_after = time.time() + delay
+    log.warning("job %s: finalize failed (%s); retry %d in %.0f s", job_id, cause, attempts, delay)

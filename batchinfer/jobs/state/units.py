@@ -1,0 +1,168 @@
+"""Moves of a work unit and the requests in it: plan, start, commit behind the fence, rerun or resend.
+
+A unit can run twice (acks_late redelivers after a crash): the commit is a conditional UPDATE on the unit
+row (the fence), so exactly one run counts its requests.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import and_, bindparam, or_, select, update
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
+from batchinfer.db.session import retrying
+from batchinfer.jobs import storage_keys
+from batchinfer.jobs.records import UnitResult
+from batchinfer.jobs.state import table as T
+from batchinfer.planner import UnitPlan
+
+log = logging.getLogger(__name__)
+RequestKey = tuple[str, int]  # (job id, index)
+
+
+@dataclass(frozen=True)
+class StartedUnit:
+    attempt: int
+    to_run: set[RequestKey]  # its requests still wanted (their job runnable, not cancelled)
+    prefix_key: str
+
+
+@dataclass(frozen=True)
+class CommittedUnit:
+    completed: int
+    failed: int
+
+
+def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str) -> int:
+    """Claim the plan's requests that are still pending in a runnable job (rows another dispatcher or a
+    cancel holds are skipped) and record the unit over them; returns how many it holds (0: no unit)."""
+    wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
+    by_job: dict[str, list[int]] = defaultdict(list)
+    for job_id, index in wanted:
+        by_job[job_id].append(index)
+    mine = or_(*(and_(Request.job_id == j, Request.index.in_(idx)) for j, idx in sorted(by_job.items())))
+    rows = session.execute(select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
+                           .where(mine, Request.status.in_(T.PLAN_REQUEST.current_states),
+                                  Job.status.in_(JobStatus.RUNNABLE))
+                           .with_for_update(of=Request, skip_locked=True))
+    claimed = sorted(key for key in (tuple(row) for row in rows) if key in wanted)
+    if not claimed:
+        return 0
+    now = time.time()
+    session.add(WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key,
+                         shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
+                         input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now))
+    session.flush()
+    stmt = T.statement(T.PLAN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
+                       unit_id=unit_id, unit_pos=bindparam("p"))
+    session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
+    return len(claimed)
+
+
+def start_unit(ctx: AppContext, unit_id: str, worker: str, incarnation: str | None = None) -> StartedUnit | None:
+    """Mark the unit, its jobs and its still-wanted requests running; None when the unit is already done."""
+    return retrying(ctx.sessions, lambda session: _start(session, unit_id, worker, incarnation, time.time()))
+
+
+def _start(session, unit_id: str, worker: str, incarnation: str | None, now: float) -> StartedUnit | None:
+    unit = session.get(WorkUnit, unit_id, with_for_update=True)
+    if unit is None or not T.START_UNIT.allows(unit.status):
+        return None
+    T.apply(unit, T.START_UNIT)
+    unit.started_at, unit.worker, unit.incarnation = now, worker, incarnation
+    unit.attempts += 1
+    runnable = (select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
+                .where(Request.unit_id == unit_id, Job.status.in_(JobStatus.RUNNABLE),
+                       Request.status.in_(T.RUN_REQUEST.current_states)))
+    to_run = {(j, i) for j, i in session.execute(runnable)}
+    for job_id in sorted({j for j, _ in to_run}):
+        T.move(session, T.START_JOB, Job.id == job_id, now=now)
+    # The state condition matters: a cancel that committed while this waited for the row keeps its
+    # `cancelled` (already counted as failed); without it the request ran and was counted twice.
+    stmt = T.statement(T.RUN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"))
+    if to_run:
+        session.connection().execute(stmt, [{"j": j, "i": i} for j, i in sorted(to_run)])
+    return StartedUnit(unit.attempts, to_run, unit.prefix_key)
+
+
+def open_requests(ctx: AppContext, unit_id: str) -> tuple[int, set[RequestKey]] | None:
+    """(attempts so far, requests not yet finished) of a unit that has not committed; None once it has."""
+    with ctx.sessions() as session:
+        unit = session.get(WorkUnit, unit_id)
+        if unit is None or unit.status == UnitStatus.DONE:
+            return None
+        return unit.attempts, set(session.execute(select(Request.job_id, Request.index).where(
+            Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
+
+
+def commit_unit(ctx: AppContext, unit_id: str, result_key: str,
+                records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
+    """Count a run's results, if this run wins the fence; None when another run had already committed."""
+    return retrying(ctx.sessions, lambda session: _commit(session, unit_id, result_key, records))
+
+
+def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
+    if not T.move(session, T.COMMIT_UNIT, WorkUnit.id == unit_id, result_key=result_key, finished_at=time.time(),
+                  last_error=None):
+        log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
+        return None
+    job_ids = sorted({j for j, _ in records})
+    if job_ids:
+        session.execute(select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update())
+    still_open = set(session.execute(select(Request.job_id, Request.index).where(
+        Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
+    records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
+    for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
+        batch = [{"j": j, "i": i, "p": rec.prompt_tokens, "c": rec.completion_tokens, "k": rec.cached_tokens}
+                 for (j, i), rec in sorted(records.items()) if rec.ok == ok]
+        if batch:
+            stmt = T.statement(t, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
+                               prompt_tokens=bindparam("p"), completion_tokens=bindparam("c"), cached_tokens=bindparam("k"))
+            session.connection().execute(stmt, batch)
+    _add_to_job_counts(session, records)
+    n_ok = sum(1 for r in records.values() if r.ok)
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok)
+
+
+def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    for (job_id, _), rec in records.items():
+        t = totals[job_id]
+        t[0 if rec.ok else 1] += 1
+        t[2] += rec.prompt_tokens
+        t[3] += rec.completion_tokens
+        t[4] += rec.cached_tokens
+    for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
+        session.execute(update(Job).where(Job.id == job_id).values(
+            completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
+            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
+
+
+def send_again(ctx: AppContext, unit_id: str, expect: str, attempts: int, cause: str) -> bool:
+    """Put a lost unit (running nowhere, or queued with no message) back to queued, only if nothing moved it
+    meanwhile (a commit, another sweep); True when this caller did and must send it."""
+    t = T.RERUN_UNIT if expect == UnitStatus.RUNNING else T.RESEND_UNIT
+    now = time.time()
+
+    def claim(session) -> bool:
+        return T.move(session, t, WorkUnit.id == unit_id, WorkUnit.attempts == attempts,
+                      dispatched_at=now, last_error=cause[:1000]) == 1
+
+    return retrying(ctx.sessions, claim)
+
+
+def note_unit_error(ctx: AppContext, unit_id: str, cause: str) -> None:
+    """Why a running unit's run did not commit (shown in its error lines if it fails for good)."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == UnitStatus.RUNNING)
+        .values(last_error=cause[:1000])), attempts=1)
+
+
+def jobs_of_unit(ctx: AppContext, unit_id: str) -> set[str]:
+    with ctx.sessions() as session:
+        return set(session.scalars(select(Request.job_id).where(Request.unit_id == unit_id).distinct()))
+

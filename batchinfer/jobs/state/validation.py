@@ -1,0 +1,118 @@
+"""Moves of a job before it runs: create it, claim its validation, add its requests, then queue or fail it.
+
+A validation run owns a `validating` job through a token; each batch of rows it commits renews the lease
+(validation_heartbeat_at) and checks that it still owns the job, so a cancel or a newer run stops it.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy import delete, func, insert, update
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, Request
+from batchinfer.db.session import retrying, transaction
+from batchinfer.errors import excerpt
+from batchinfer.jobs import storage_keys
+from batchinfer.jobs.state import table as T
+from batchinfer.jobs.validation import ValidationReport
+from batchinfer.jobs.webhook_events import record_final
+
+
+class ValidationSuperseded(Exception):
+    """This validation run no longer owns the job: it was cancelled, or another run took it over."""
+
+
+def create_job(ctx: AppContext, **fields) -> Job:
+    """A new job row in `validating` (fields: every other Job column)."""
+    job = Job(status=T.CREATE_JOB.next_state, **fields)
+    with transaction(ctx.sessions) as session:
+        session.add(job)
+    return job
+
+
+def claim_validation(ctx: AppContext, job_id: str) -> str | None:
+    """The token of the run that now owns the validation, or None when the job no longer validates.
+    A rerun after a crash drops what the crashed run inserted."""
+    token = uuid.uuid4().hex
+
+    def work(session) -> int:
+        claimed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING)
+                                  .values(validation_token=token, validation_heartbeat_at=time.time())).rowcount
+        if claimed:
+            session.execute(delete(Request).where(Request.job_id == job_id))
+        return claimed
+
+    return token if retrying(ctx.sessions, work) else None
+
+
+def add_requests(ctx: AppContext, job_id: str, token: str, rows: list[dict]) -> None:
+    """Insert a batch of valid lines as `pending` requests (one short transaction under the job row's lock),
+    only while this run owns the job; `rows` is emptied."""
+    def work(session) -> None:
+        job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
+        if job is None or job.status != JobStatus.VALIDATING or job.validation_token != token:
+            raise ValidationSuperseded(job_id)
+        if rows:
+            session.execute(insert(Request), [{**row, "status": T.ADD_REQUEST.next_state} for row in rows])
+        job.validation_heartbeat_at = time.time()
+
+    retrying(ctx.sessions, work)
+    rows.clear()
+
+
+def finish_validation(ctx: AppContext, job_id: str, token: str, report: ValidationReport, runs: bool) -> Job:
+    """Queue the job (`runs`) or fail it with its bad lines as its error file. A job cancelled meanwhile
+    keeps none of its requests; a job another run owns now is left to that run."""
+    now = time.time()
+    with transaction(ctx.sessions) as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job.status != JobStatus.VALIDATING:
+            session.execute(delete(Request).where(Request.job_id == job_id))
+            return job
+        if job.validation_token != token:
+            return job
+        job.validation_token = None
+        job.errors = [e.to_dict() for e in report.errors]
+        job.error_count = report.error_count
+        job.total = report.lines
+        job.invalid = job.failed = report.lines - report.valid
+        if runs:
+            T.apply(job, T.QUEUE_JOB, now)
+        else:
+            T.apply(job, T.FAIL_VALIDATION, now)
+            job.error_key = storage_keys.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
+            session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
+            record_final(session, job, now)
+    return job
+
+
+def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+    """A `validating` job that can never run fails with `message` (bounded) as its one error."""
+    error = {"code": "server_error", "line": None, "param": None, "message": excerpt(message)}
+
+    def work(session) -> None:
+        if T.move(session, T.FAIL_VALIDATION, Job.id == job_id, now=time.time(), error_count=1, errors=[error]):
+            record_final(session, session.get(Job, job_id, populate_existing=True))
+
+    retrying(ctx.sessions, work)
+
+
+def take_over_stale(ctx: AppContext, job_id: str, stale: float, now: float) -> bool:
+    """Renew the lease of a validation that made no progress since `stale`; True for the one caller that
+    did (two overlapping sweeps hand the job on once)."""
+    last_progress = func.coalesce(Job.validation_heartbeat_at, Job.created_at)
+
+    def work(session) -> int:
+        return session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING,
+                                                 last_progress < stale).values(validation_heartbeat_at=now)).rowcount
+
+    return bool(retrying(ctx.sessions, work))
+
+
+def validation_lost(ctx: AppContext, job_id: str) -> None:
+    """The message that would validate this job could not be sent (the broker is down): the next sweep
+    validates it, rather than after validation_stale_s."""
+    retrying(ctx.sessions, lambda session: session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING).values(validation_heartbeat_at=0.0)))

@@ -1,0 +1,46 @@
+"""This worker process in one object: its context, and (under `batchinfer worker`) its agent and webhook loop.
+The tasks take it from this_process(); `batchinfer worker` starts and stops what it holds."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from batchinfer.context import AppContext
+from batchinfer.settings import get_settings
+
+if TYPE_CHECKING:
+    from batchinfer.cluster.agent import WorkerAgent
+    from batchinfer.jobs.webhook_delivery import DeliveryLoop
+
+
+@dataclass
+class WorkerProcess:
+    ctx: AppContext
+    agent: WorkerAgent | None = None  # publishes this worker's state and runs the sweep; None outside a worker
+    webhooks: DeliveryLoop | None = None  # delivers the webhook outbox
+
+    @property
+    def incarnation(self) -> str | None:
+        return self.agent.state.incarnation if self.agent is not None else None
+
+    def stopping(self) -> bool:
+        """Celery or the agent is shutting this process down: a unit it interrupts is rerun by the sweep."""
+        from celery.worker import state
+
+        return bool(state.should_stop or state.should_terminate or (self.agent is not None and self.agent.stopping))
+
+    def begin_shutdown(self) -> None:
+        if self.agent is not None:
+            self.agent.stopping = True
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
+        if self.webhooks is not None:
+            self.webhooks.stop()
+
+
+@lru_cache(maxsize=1)
+def this_process() -> WorkerProcess:
+    return WorkerProcess(AppContext.create(get_settings(), migrate=False))
