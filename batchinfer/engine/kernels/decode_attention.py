@@ -1,7 +1,8 @@
 """Decode attention kernel (flash decoding): one new token per sequence over its paged KV. Stage 1
 splits each sequence along its length and lets every program attend, for one KV head, with all the
-query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp. A sliding window skips keys at or before seq_len - 1 - window;
-a soft-cap maps each score s to softcap * tanh(s / softcap)."""
+query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp.
+A sliding window skips keys at or before seq_len - 1 - window; a soft-cap maps each score s to
+softcap * tanh(s / softcap)."""
 from __future__ import annotations
 
 import math

@@ -13,5 +13,5 @@ def spec(cfg, architecture: str) -> ModelSpec:
 
 
 def _pattern(cfg) -> list[str]:
-    every = getattr(cfg, "sliding_window_pattern", None) or getattr(cfg, "_sliding_window_pattern", 6)
+    every: int = getattr(cfg, "sliding_window_pattern", None) or getattr(cfg, "_sliding_window_pattern", None) or 6
     return [SLIDING if (i + 1) % every else FULL for i in range(cfg.num_hidden_layers)]

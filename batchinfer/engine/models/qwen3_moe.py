@@ -7,7 +7,7 @@ from .spec import ModelSpec, MoeSpec, base_spec
 
 
 def spec(cfg, architecture: str) -> ModelSpec:
-    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", 0)
+    experts: int = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
     dense, step = set(getattr(cfg, "mlp_only_layers", None) or []), getattr(cfg, "decoder_sparse_step", 1) or 1
     sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(cfg.num_hidden_layers))
     moe = MoeSpec(experts, cfg.num_experts_per_tok, bool(getattr(cfg, "norm_topk_prob", False)), sparse)

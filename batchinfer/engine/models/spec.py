@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..layers.activation import ACTIVATIONS
 from ..layers.rope import check_rope, rope_parameters
@@ -46,7 +47,7 @@ class ModelSpec:
     moe: MoeSpec | None = None
 
 
-def base_spec(cfg, architecture: str, layer_types: Callable[[object], list[str]] | None = None,
+def base_spec(cfg, architecture: str, layer_types: Callable[[Any], list[str]] | None = None,
               **family) -> ModelSpec:
     """The Llama-shaped sizes and attention pattern of cfg, with the family's differences (`family`)."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
