@@ -27,10 +27,19 @@ FAMILIES: dict[str, ModuleType] = {
 }
 
 
+# A config.json without `architectures` (written by hand, or by an older converter) names its model_type.
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
+               "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+
+
 def architecture(cfg) -> str:
-    """The checkpoint's class name; a config without `architectures` (a GGUF conversion may lack it) is Llama."""
-    names = getattr(cfg, "architectures", None) or ["LlamaForCausalLM"]
-    return names[0]
+    """The checkpoint's class name, from config.json's `architectures` or else its `model_type`."""
+    names = getattr(cfg, "architectures", None)
+    if names:
+        return names[0]
+    model_type = getattr(cfg, "model_type", None)
+    return MODEL_TYPES.get(model_type, f"model_type {model_type!r}")
 
 
 def family(cfg) -> ModuleType:

@@ -3,12 +3,15 @@ base (`rope_parameters.sliding_attention`, or `rope_local_base_freq` in older co
 from __future__ import annotations
 
 from .gemma2 import NORM_OFFSET, gemma_differences
+from ..unsupported import UnsupportedModelError
 from .spec import FULL, SLIDING, ModelSpec, base_spec
 
 __all__ = ["NORM_OFFSET", "spec"]
 
 
 def spec(cfg, architecture: str) -> ModelSpec:
+    if getattr(cfg, "use_bidirectional_attention", False):  # the embedding variant: not a causal LM
+        raise UnsupportedModelError(architecture, "use_bidirectional_attention")
     return base_spec(cfg, architecture, layer_types=_pattern, qk_norm=True, **gemma_differences(cfg))
 
 
