@@ -11,6 +11,7 @@ from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, Sampli
 from batchinfer.engine.light_loader import LightTokenizer, weight_files
 from batchinfer.engine.loader import load_model, load_model_light
 from batchinfer.engine.unsupported import UnsupportedModelError
+from batchinfer.engine.weights import engine_weights
 from tests.engine.test_model_families import family_prompts, hf_reference, run_engine
 from tests.engine.tiny_families import build_family_checkpoint
 
@@ -105,3 +106,14 @@ def test_an_older_config_spelling_runs_the_same(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     (tmp_path / "cache").rename(tmp_path / "old-cache")  # the engine layout is rebuilt from the edited folder
     assert _greedy(folder, tmp_path / "cache", prompts) == want
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "phi3", "gemma3"])
+def test_a_transformers_model_object_converts_to_the_same_engine_weights(tmp_path, family):
+    """The reference path (load_model) holds transformers 5's fused experts and Gemma's raw norm weights; the
+    light path reads the per-expert tensors the checkpoint ships: both give one engine layout."""
+    folder = build_family_checkpoint(family, tmp_path / "m")
+    light = load_model_light(str(folder), tmp_path / "cache", torch.float32).weights
+    converted = engine_weights(load_model(str(folder), tmp_path / "cache").hf_model, torch.float32)
+    assert light is not None and light.keys() == converted.keys()
+    assert all(torch.equal(light[k], converted[k]) for k in light)
