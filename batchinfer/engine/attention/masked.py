@@ -54,7 +54,7 @@ def masked_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor
     group = hq // hkv
     # Fold each KV head's query-head group into the query length: K/V are never expanded to hq heads.
     queries = q[plan.rows].permute(0, 2, 1, 3).reshape(batch, hkv, group * max_q, d).float()
-    keys, values = k_flat[plan.slots].transpose(1, 2).float(), v_flat[plan.slots].transpose(1, 2).float()
+    keys, values = _gather(k_flat, plan.slots), _gather(v_flat, plan.slots)
     scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
@@ -64,3 +64,10 @@ def masked_attention(q: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor
     result = torch.empty_like(q)
     result[plan.rows[plan.valid]] = out.to(q.dtype)
     return result
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[slots, hkv, d] rows at slots [batch, keys] -> float32 [batch, hkv, keys, d], by index_select over whole
+    rows (aten::index copies element by element: several times slower, torch_backend._gather_rows)."""
+    rows = cache.reshape(cache.shape[0], -1).index_select(0, slots.reshape(-1))
+    return rows.view(*slots.shape, *cache.shape[1:]).transpose(1, 2).float()
