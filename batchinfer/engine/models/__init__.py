@@ -38,7 +38,7 @@ def architecture(cfg) -> str:
     names = getattr(cfg, "architectures", None)
     if names:
         return names[0]
-    model_type = getattr(cfg, "model_type", None)
+    model_type = str(getattr(cfg, "model_type", None))
     return MODEL_TYPES.get(model_type, f"model_type {model_type!r}")
 
 
