@@ -68,12 +68,21 @@ def model_config(folder: Path) -> SimpleNamespace:
     return SimpleNamespace(**_read_json(folder / "config.json"))
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors: model.safetensors, or the shards its index names; [] when neither."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return [folder / name for name in sorted(set(_read_json(index).get("weight_map", {}).values()))]
+    single = folder / "model.safetensors"
+    return [single] if single.exists() else []
+
+
 def light_model(folder: Path):
-    """The converted safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
+    """The checkpoint's safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
     from safetensors.torch import load_file
 
     config = model_config(folder)
-    weights = load_file(str(folder / "model.safetensors"))
+    weights = {name: t for path in weight_files(folder) for name, t in load_file(str(path)).items()}
     tree = SimpleNamespace(config=config, generation_config=SimpleNamespace(**_read_json(
         folder / "generation_config.json")))
     for name, tensor in weights.items():

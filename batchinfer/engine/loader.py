@@ -112,11 +112,11 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
 def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
     """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
     With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py)."""
-    from .light_loader import light_model, light_tokenizer
+    from .light_loader import light_model, light_tokenizer, weight_files
     from .weights import cached_engine_weights
 
     folder = resolve_model_dir(model_path, cache_dir)
-    if not all((folder / name).exists() for name in ("model.safetensors", "tokenizer.json", "config.json")):
+    if not weight_files(folder) or not all((folder / name).exists() for name in ("tokenizer.json", "config.json")):
         return load_model(model_path, cache_dir)
     tree = light_model(folder)
     weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None

@@ -18,7 +18,7 @@ from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
 from .int8 import Int8Policy
 from .loader import CausalLM
-from .models import LlamaForCausalLM
+from .models import build_model
 from .pooler import Pooler
 from .sampler import Sampler
 from .sequence import Sequence
@@ -53,7 +53,7 @@ class ModelRunner:
         self.block_size = config.block_size
         assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
         int8 = Int8Policy(config.int8_max_rows, config.int8_after_steps)
-        self.model = LlamaForCausalLM(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
+        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

@@ -15,37 +15,46 @@ from typing import TYPE_CHECKING
 import torch
 
 from .file_key import file_key
+from .models.weight_names import attention_weights, expert_weights, mlp_weights, norm
 
 if TYPE_CHECKING:
     from .loader import CausalLM
 
 log = logging.getLogger(__name__)
-LAYER_FIELDS = ("input_norm", "qkv_proj", "o_proj", "post_norm", "gate_up_proj", "down_proj")
 LAYOUT_VERSION = 1  # bump when the layout changes: old cache files are then ignored
 
 
 def engine_weights(hf_model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Flat engine names -> contiguous tensors in `dtype`, from a transformers model or the light tree.
-    A tied LM head is left out (the engine reuses the embedding)."""
+    A tied LM head is left out (the engine reuses the embedding). Raises UnsupportedModelError for a
+    checkpoint no family runs."""
+    from .models import model_spec, norm_offset
+
+    spec, offset = model_spec(hf_model.config), norm_offset(hf_model.config)
+
     def take(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(dtype).contiguous()
 
     inner = hf_model.model
-    weights = {"embed": take(inner.embed_tokens.weight), "final_norm": take(inner.norm.weight)}
+    weights = {"embed": take(inner.embed_tokens.weight), "final_norm": take(norm(inner.norm.weight, offset))}
     if hf_model.lm_head.weight is not inner.embed_tokens.weight:
         weights["lm_head"] = take(hf_model.lm_head.weight)
     for i, layer in enumerate(inner.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        weights |= {
-            f"layers.{i}.input_norm": take(layer.input_layernorm.weight),
-            f"layers.{i}.qkv_proj": torch.cat([take(attn.q_proj.weight), take(attn.k_proj.weight),
-                                               take(attn.v_proj.weight)]),
-            f"layers.{i}.o_proj": take(attn.o_proj.weight),
-            f"layers.{i}.post_norm": take(layer.post_attention_layernorm.weight),
-            f"layers.{i}.gate_up_proj": torch.cat([take(mlp.gate_proj.weight), take(mlp.up_proj.weight)]),
-            f"layers.{i}.down_proj": take(mlp.down_proj.weight),
-        }
+        weights |= {f"layers.{i}.{name}": take(t) for name, t in _layer_weights(layer, i, spec, offset).items()}
     return weights
+
+
+def _layer_weights(layer, i: int, spec, offset: float) -> dict[str, torch.Tensor]:
+    out = {"input_norm": norm(layer.input_layernorm.weight, offset)} | attention_weights(layer.self_attn, offset)
+    if spec.sandwich_norms:
+        out |= {"attn_out_norm": norm(layer.post_attention_layernorm.weight, offset),
+                "post_norm": norm(layer.pre_feedforward_layernorm.weight, offset),
+                "mlp_out_norm": norm(layer.post_feedforward_layernorm.weight, offset)}
+    else:
+        out["post_norm"] = norm(layer.post_attention_layernorm.weight, offset)
+    if spec.moe is not None and spec.moe.sparse_layers[i]:
+        return out | expert_weights(layer.mlp, spec.moe.num_experts)
+    return out | mlp_weights(layer.mlp)
 
 
 def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -66,8 +75,11 @@ def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Pat
 
 
 def cache_path(folder: Path, cache_dir: str | Path, dtype: torch.dtype) -> Path:
-    """One file per (checkpoint, dtype, layout); the checkpoint is named by its path, size and mtime."""
+    """One file per (checkpoint, dtype, layout); the checkpoint is named by its path, size and mtime (of its
+    shard index when sharded)."""
     source = folder / "model.safetensors"
+    if not source.exists():
+        source = folder / "model.safetensors.index.json"
     dtype_name = str(dtype).removeprefix("torch.")
     return Path(cache_dir) / "engine" / f"{folder.name}-{file_key(source, LAYOUT_VERSION)}-{dtype_name}.safetensors"
 

@@ -39,7 +39,10 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [num_new_tokens, num_q_heads, head_dim]
         """Store k and v at meta.slot_mapping, then let each new token attend to its sequence's cached
         tokens and, causally, to the new tokens up to and including itself. Query head h reads KV head
-        h // (num_q_heads // num_kv_heads) (GQA)."""
+        h // (num_q_heads // num_kv_heads) (GQA). With a window, the token at position p sees only keys
+        p - window < j <= p; with a softcap, scores are softcap * tanh(score / softcap) before the softmax."""

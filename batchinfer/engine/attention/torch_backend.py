@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from .base import AttentionBackend, AttentionMetadata
 from .cascade import attention_with_lse, find_shared_prefixes, merge_attention_states
+from .masked import MaskedPlan, make_masked_plan, masked_attention
 
 # Extends longer than this run on their own rather than padding every row of the batch to their length.
 MAX_BATCHED_QUERY_LEN = 64
@@ -47,12 +48,17 @@ class TorchAttentionBackend(AttentionBackend):
         self.cascade = cascade  # False: every sequence gathers its whole context (the reference for tests)
         self._plan_for: AttentionMetadata | None = None
         self._plan: _Plan | None = None
+        self._masked_plans: dict[int | None, MaskedPlan] = {}  # by window, for self._plan_for
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                window: int | None = None, softcap: float | None = None) -> torch.Tensor:
         k_flat = k_cache.view(-1, *k_cache.shape[2:])
         v_flat = v_cache.view(-1, *v_cache.shape[2:])
         k_flat.index_copy_(0, meta.slot_mapping, k)
         v_flat.index_copy_(0, meta.slot_mapping, v)
+        if window is not None or softcap is not None:
+            return masked_attention(q, k_flat, v_flat, self._get_masked_plan(meta, k_cache.shape[1], window),
+                                    scale, softcap)
         plan = self._get_plan(meta, k_cache.shape[1], q.dtype)
         out = torch.empty_like(q)
         for start, end in plan.fresh:
@@ -65,7 +71,15 @@ class TorchAttentionBackend(AttentionBackend):
         if self._plan is None or self._plan_for is not meta:
             self._plan = make_plan(meta, block_size, dtype, self.cascade)
             self._plan_for = meta
+            self._masked_plans = {}
         return self._plan
+
+    def _get_masked_plan(self, meta: AttentionMetadata, block_size: int, window: int | None) -> MaskedPlan:
+        if self._plan_for is not meta:
+            self._plan, self._plan_for, self._masked_plans = None, meta, {}
+        if window not in self._masked_plans:
+            self._masked_plans[window] = make_masked_plan(meta, block_size, window)
+        return self._masked_plans[window]
 
 
 def _causal_sdpa(q, k, v, scale: float) -> torch.Tensor:

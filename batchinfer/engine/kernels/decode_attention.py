@@ -1,6 +1,8 @@
 """Decode attention kernel (flash decoding): one new token per sequence over its paged KV. Stage 1
 splits each sequence along its length and lets every program attend, for one KV head, with all the
-query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp."""
+query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp.
+A sliding window skips keys at or before seq_len - 1 - window; a soft-cap maps each score s to
+softcap * tanh(s / softcap)."""
 from __future__ import annotations
 
 import math
@@ -9,20 +11,23 @@ import torch
 import triton
 import triton.language as tl
 
+from .extend_attention import NO_WINDOW, scores_log2, softcap_factors
+
 
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, seq_lens_ptr, block_tables_ptr, part_out_ptr, part_lse_ptr,
-    scale_log2, split_len,
+    scale_log2, split_len, window, cap_in, cap_out,
     stride_qb, stride_qh, stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SOFTCAP: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_start = split * split_len
-    split_end = tl.minimum(seq_len, split_start + split_len)
+    split_end = tl.minimum(seq_len, split * split_len + split_len)
+    split_start = tl.maximum(split * split_len, seq_len - window)  # keys before the window are skipped
 
     offs_h = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + offs_h
@@ -50,7 +55,7 @@ def _decode_split_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=PRECISION), scale_log2, cap_in, cap_out, SOFTCAP)
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
@@ -100,7 +105,8 @@ def default_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torc
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: int, scale: float,
-                     num_splits: int | None = None, block_n: int = 32) -> torch.Tensor:
+                     num_splits: int | None = None, block_n: int = 32, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """q: [batch, q_heads, dim], one new token per sequence whose K/V are already in the cache;
     seq_lens[b] tokens of sequence b are read through block_tables[b]. Returns like q. block_n = 32 keeps
     the split kernel's sm_90 build at ~120 (head_dim 64) to ~200 (128) registers without spills."""
@@ -118,10 +124,11 @@ def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: i
     block_d = triton.next_power_of_2(dim)
     _decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, seq_lens, block_tables, part_out, part_lse, scale * math.log2(math.e), split_len,
+        window or NO_WINDOW, *softcap_factors(scale, softcap),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, HEAD_DIM=dim,
-        BLOCK_D=block_d, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+        BLOCK_D=block_d, BLOCK_N=block_n, SOFTCAP=softcap is not None, UPCAST=q.device.type == "cpu",
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 in, fp32-exact dots
     )
     _decode_reduce_kernel[(batch, kv_heads)](

@@ -3,7 +3,9 @@ paged cache through the block table) and causally to each other (read from the n
 online softmax across both parts. This is prefill, with or without a cached prefix.
 
 A program owns one KV head and BLOCK_M rows: TOKENS_M tokens x the query heads that share that KV
-head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group."""
+head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group.
+A sliding window hides keys at or before position p - window from the token at p; a soft-cap maps each
+score s to softcap * tanh(s / softcap) (Gemma 2)."""
 from __future__ import annotations
 
 import math
@@ -13,13 +15,26 @@ import triton
 import triton.language as tl
 
 
+NO_WINDOW = 1 << 30  # the window of a layer that attends to every earlier token
+
+
 @triton.jit
-def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+def scores_log2(qk, scale_log2, cap_in, cap_out, SOFTCAP: tl.constexpr):
+    """Raw dot products -> scaled scores in log2 units; with SOFTCAP, softcap * tanh(scale * qk / softcap)
+    (cap_in = scale / softcap, cap_out = softcap * log2(e)), tanh written as 2 * sigmoid(2x) - 1."""
+    if SOFTCAP:
+        return (2.0 * tl.sigmoid(2.0 * qk * cap_in) - 1.0) * cap_out
+    return qk * scale_log2
+
+
+@triton.jit
+def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP: tl.constexpr,
+            UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """One online-softmax step of q [M, D] over a tile k, v [N, D]; mask [M, N] marks visible keys."""
     if UPCAST:  # the interpreter gets bf16 dot products wrong; fp32 is exact there
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+    qk = scores_log2(tl.dot(q, tl.trans(k), input_precision=PRECISION), scale_log2, cap_in, cap_out, SOFTCAP)
     qk = tl.where(mask, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     p = tl.math.exp2(qk - m_new[:, None])
@@ -32,12 +47,12 @@ def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, UPCAST: tl.constexpr, PREC
 @triton.jit
 def _extend_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, k_cache_ptr, v_cache_ptr,
-    cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
+    cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr, scale_log2, window, cap_in, cap_out,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TOKENS_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, kv_head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -62,9 +77,10 @@ def _extend_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Part 1: the cached prefix, through the block table.
+    # Part 1: the cached prefix, through the block table, from the first key the block's first token sees.
     table = block_tables_ptr + seq.to(tl.int64) * stride_block_table
-    for start in range(0, prefix_len, BLOCK_N):
+    first_key = tl.maximum(prefix_len + m_block * TOKENS_M - window + 1, 0)
+    for start in range(first_key // BLOCK_N * BLOCK_N, prefix_len, BLOCK_N):
         pos = start + offs_n
         mask_n = pos < prefix_len
         block = tl.load(table + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
@@ -72,7 +88,9 @@ def _extend_attention_kernel(
         tile_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
-        acc, m_i, l_i = _attend(q, k, v, mask_n[None, :], acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
+        visible = mask_n[None, :] & (pos[None, :] > prefix_len + offs_m[:, None] - window)
+        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP, UPCAST,
+                                PRECISION)
 
     # Part 2: the new tokens, causally (new token i sits at position prefix_len + i).
     for start in range(0, tl.minimum(q_len, (m_block + 1) * TOKENS_M), BLOCK_N):
@@ -84,8 +102,9 @@ def _extend_attention_kernel(
                     mask=tile_mask, other=0.0)
         v = tl.load(v_ptr + tokens_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
                     mask=tile_mask, other=0.0)
-        visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None])
-        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, UPCAST, PRECISION)
+        visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None]) & (pos[None, :] > offs_m[:, None] - window)
+        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP, UPCAST,
+                                PRECISION)
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_rows = tokens_m * stride_ot + heads * stride_oh
@@ -94,7 +113,8 @@ def _extend_attention_kernel(
 
 
 def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q: int,
-                     scale: float, block_m: int | None = None, block_n: int = 64) -> torch.Tensor:
+                     scale: float, block_m: int | None = None, block_n: int = 64, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """q: [num_tokens, q_heads, dim]; k, v: the same tokens' new K/V [num_tokens, kv_heads, dim];
     caches [num_blocks, block_size, kv_heads, dim] hold each sequence's prefix. Returns like q.
     block_m: rows per program (tokens x packed query heads); block_n: keys per tile. The defaults keep
@@ -111,11 +131,18 @@ def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     grid = (batch, kv_heads, triton.cdiv(max_seqlen_q, block_m // block_g))
     _extend_attention_kernel[grid](
         q, k, v, out, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale * math.log2(math.e),
+        window or NO_WINDOW, *softcap_factors(scale, softcap),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
-        BLOCK_M=block_m, TOKENS_M=block_m // block_g, BLOCK_N=block_n, UPCAST=q.device.type == "cpu",
+        BLOCK_M=block_m, TOKENS_M=block_m // block_g, BLOCK_N=block_n, SOFTCAP=softcap is not None,
+        UPCAST=q.device.type == "cpu",
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 in, fp32-exact dots
         num_warps=8,
     )
     return out
+
+
+def softcap_factors(scale: float, softcap: float | None) -> tuple[float, float]:
+    """scores_log2's cap_in and cap_out (unused without a soft-cap)."""
+    return (scale / softcap, softcap * math.log2(math.e)) if softcap else (0.0, 0.0)

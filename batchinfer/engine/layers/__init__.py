@@ -1,0 +1,1 @@
+"""Pieces every model family shares: RoPE variants, norms, gated MLPs, mixture-of-experts."""
