@@ -83,7 +83,7 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
     error = json.loads(errs.read_text())["error"]
     assert {k: error[k] for k in ("code", "line", "param")} == {"code": "invalid_json_line", "line": 2, "param": None}
-    assert error["message"] == "the line is not valid JSON: Expecting value at column 1"  # "not json"
+    assert error["message"] == "the line is not valid JSON: Expecting value at character 1"  # "not json"
     cancel = batchinfer(env, "cancel", job["id"])
     assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
 

@@ -18,6 +18,7 @@ class PlanEstimate:
     units: int = 0
     workers: int = 0
     estimated_run_s: float | None = None  # None when no throughput figure is known
+    rate_source: str = ""  # where the rates behind estimated_run_s came from (measured where, or assumed)
 
     @property
     def expected_hit_rate(self) -> float:

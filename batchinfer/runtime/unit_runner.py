@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Set as AbstractSet
+from collections.abc import Collection, Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -21,6 +21,7 @@ from batchinfer.db.session import retrying
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 from batchinfer.jobs.records import UnitRequest, UnitResult
 from batchinfer.runtime.generator import CheckingGenerator, Generator
+from batchinfer.runtime.progress import UnitWatch
 
 log = logging.getLogger(__name__)
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # what torch.Generator.manual_seed accepts
@@ -42,6 +43,7 @@ class UnitOutcome:
 
 
 OnResult = Callable[[GenerationResult], None]
+Aborts = Callable[[], Collection[str]]
 Records = dict[tuple[str, int], UnitResult]
 
 
@@ -54,11 +56,14 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
         return UnitOutcome(unit_id, committed=False)
     attempt, to_run, prefix_key = started
     requests = _load_requests(ctx, unit_id, to_run)
-    records = _generate(requests, generator, worker, on_result, stopping)
+    watch = UnitWatch(ctx, unit_id, attempt, requests, ctx.settings.abort_poll_s, ctx.settings.progress_flush_s)
+    watch.generation_starts(generator)
+    records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
     result_key = _write_results(ctx, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
+    watch.finish(generator)
     if outcome.committed:
         jobs = sorted({job_id for job_id, _ in to_run} | _jobs_of_unit(ctx, unit_id))
         # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
@@ -115,7 +120,7 @@ def _write_results(ctx: AppContext, unit_id: str, attempt: int, records: Records
 
 
 def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
-              stopping: Callable[[], bool] = lambda: False) -> Records:
+              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone: it is checked before the
     batch runs, and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
@@ -127,7 +132,7 @@ def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on
         else:
             runnable.append(r)
     try:
-        records.update(_run_batch(runnable, generator, worker, on_result))
+        records.update(_run_batch(runnable, generator, worker, on_result, aborts))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
@@ -138,7 +143,7 @@ def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(runnable))
             for r in runnable:
-                records.update(_generate([r], generator, worker, on_result, stopping))
+                records.update(_generate([r], generator, worker, on_result, stopping, aborts))
     return records
 
 
@@ -147,13 +152,17 @@ def _generation_request(r: UnitRequest) -> GenerationRequest:
     return GenerationRequest(r.request_id, list(r.request.prompt_token_ids), replace(r.request.sampling))
 
 
-def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None) -> Records:
+def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
+               aborts: Aborts | None = None) -> Records:
+    """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
     by_id = {r.request_id: r for r in requests}
     records: Records = {}
-    for result in generator.generate([_generation_request(r) for r in requests], on_result=on_result):
+    for result in generator.generate([_generation_request(r) for r in requests], on_result=on_result, aborts=aborts):
         r = by_id[result.request_id]
+        if result.aborted:
+            continue
         error = getattr(result, "error", None)  # an engine that reports per-request errors
         if error:
             records[r.key] = _error_record(r, "invalid_request", str(error)[:500])
