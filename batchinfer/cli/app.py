@@ -18,7 +18,7 @@ from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")

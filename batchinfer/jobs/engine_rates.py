@@ -25,7 +25,7 @@ ASSUMED_DECODE_TOKENS_PER_S = 30.0
 class MeasuredRate:
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    source: str  # e.g. "measured on host-a (12 units)" or "assumed (nothing measured yet)"
+    source: str  # e.g. "measured on host-a (12 units run there)" or "assumed: no run measured on this model yet"
 
 
 def machine_name() -> str:
@@ -64,8 +64,9 @@ def measured(ctx: AppContext, model: str, machines: list[str] | None = None) -> 
     mine = [r for r in usable if machines and r.machine in machines]
     if mine or usable:
         row = (mine or usable)[0]
-        where = "" if mine or not machines else ", another machine"
+        where = "" if mine or not machines else ", another machine than these workers'"
+        units = f"{row.units} unit{'s' if row.units != 1 else ''}"
         return MeasuredRate(row.prefill_tokens / row.prefill_s, row.decode_tokens / row.decode_s,
-                            f"measured on {row.machine}{where} ({row.units} units)")
+                            f"measured on {row.machine}{where} ({units} run there)")
     return MeasuredRate(ASSUMED_PREFILL_TOKENS_PER_S, ASSUMED_DECODE_TOKENS_PER_S,
                         "assumed: no run measured on this model yet")

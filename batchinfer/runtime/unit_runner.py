@@ -57,8 +57,8 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     attempt, to_run, prefix_key = started
     requests = _load_requests(ctx, unit_id, to_run)
     watch = UnitWatch(ctx, unit_id, attempt, requests, ctx.settings.abort_poll_s, ctx.settings.progress_flush_s)
-    watch.generation_starts(generator)
-    records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
+    with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
     result_key = _write_results(ctx, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
