@@ -71,17 +71,13 @@ def test_cancel_and_expiry_stop_their_requests_while_the_shared_unit_goes_on(wor
     ctx = make_context(database_url=postgres_url, storage_url=s3_url)
     cancelled = submit_lines(ctx, counting("c", 2))
     expiring = submit_lines(ctx, counting("x", 2))
-    kept = submit_lines(ctx, counting("k", 2, max_tokens=48))  # outlasts the cancel and the expiry, cheaply
+    kept = submit_lines(ctx, counting("k", 1, max_tokens=160))  # outlasts the cancel and the expiry
     jobs = (cancelled.id, expiring.id, kept.id)
     _wait(lambda: all(_statuses(ctx, j) == {"running"} for j in jobs), "the unit to start")
     with ctx.sessions() as session:
         units = set(session.scalars(select(Request.unit_id).where(Request.job_id.in_(jobs)).distinct()))
     assert len(units) == 1, "the three jobs were meant to share one unit"
     unit_id = units.pop()
-
-    def unit_status() -> str:
-        with ctx.sessions() as session:
-            return session.get(WorkUnit, unit_id).status
 
     started = time.time()
     service.cancel(ctx, cancelled.id)
@@ -97,12 +93,16 @@ def test_cancel_and_expiry_stop_their_requests_while_the_shared_unit_goes_on(wor
 
     _wait(both_ended, "the cancel and the expiry to end their jobs", 60)
     print(f"cancel -> job cancelled in {ended[cancelled.id]:.2f} s; expiry -> job expired in {ended[expiring.id]:.2f} s")
-    assert unit_status() == "running"  # neither waited for the unit
 
     _wait(lambda: service.get(ctx, kept.id).status == "completed", "the other job to complete")
     job = service.get(ctx, kept.id)
-    assert (job.completed, job.failed) == (2, 0)
-    assert [len(o["response"]["body"]["choices"][0]["text"]) > 0 for o in read_output(ctx, kept.id)] == [True, True]
+    assert (job.completed, job.failed) == (1, 0)
+    assert [len(o["response"]["body"]["choices"][0]["text"]) > 0 for o in read_output(ctx, kept.id)] == [True]
+    with ctx.sessions() as session:
+        unit_done_at = session.get(WorkUnit, unit_id).finished_at
+    # neither waited for the unit: both jobs ended while the other job's request still ran
+    assert service.get(ctx, cancelled.id).cancelled_at < unit_done_at
+    assert service.get(ctx, expiring.id).expired_at < unit_done_at
     for job_id, status, code in ((cancelled.id, "cancelled", "batch_cancelled"), (expiring.id, "expired", "batch_expired")):
         job = service.get(ctx, job_id)
         assert (job.completed, job.failed, job.completion_tokens) == (0, 2, 0)  # partial output is not counted
