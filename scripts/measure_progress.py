@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from batchinfer.bench.workloads import build
+from batchinfer.cluster.registry import WorkerState
 from batchinfer.context import AppContext
 from batchinfer.jobs import service
 from batchinfer.jobs.live import with_live
@@ -102,7 +103,7 @@ def plan_vs_actual(ctx: AppContext, tokenizer) -> list[dict]:
         w = build(name, tokenizer)
         lines = [chat(i, user, w.max_tokens, system) for i, (system, user) in enumerate(w.chats)]
         data = ("\n".join(lines) + "\n").encode()
-        estimate = summary(ctx, io.BytesIO(data), [])  # no workers listed: this machine
+        estimate = summary(ctx, io.BytesIO(data), [WorkerState("embedded")])  # this process, as `plan` counts it
         job = submit(ctx, lines)
         started = time.time()
         run_pending(ctx)
@@ -118,11 +119,23 @@ def plan_vs_actual(ctx: AppContext, tokenizer) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--plan-only", action="store_true", help="only plan vs actual, on rates already recorded")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="measure-progress-"))
     settings = Settings(data_dir=data, database_url=args.database_url, max_requests_per_unit=200)
     ctx = AppContext.create(settings, migrate=True)
     generator = get_generator(settings)
+    if not args.plan_only:
+        measure_live_and_cancel(ctx, generator)
+    warm = settings.model_copy(update={"max_requests_per_unit": 64})
+    ctx = AppContext(warm, ctx.sessions, ctx.storage)
+    if not args.plan_only:
+        plan_vs_actual(ctx, generator.tokenizer)  # a first pass records rates for every workload's mix
+    for row in plan_vs_actual(ctx, generator.tokenizer):
+        print(json.dumps(row))
+
+
+def measure_live_and_cancel(ctx: AppContext, generator) -> None:
     late = live_lateness(ctx, generator)
     print(f"live counts: {len(late)} requests seen live; lateness p50 {pct(late, 50):.2f} s, p99 {pct(late, 99):.2f} s, "
           f"max {max(late):.2f} s")
@@ -131,11 +144,6 @@ def main() -> None:
     job = [e for _, e in stops]
     print(f"cancel: engine stopped in median {statistics.median(engine):.2f} s (max {max(engine):.2f}); "
           f"job cancelled in median {statistics.median(job):.2f} s (max {max(job):.2f}) over {len(stops)} runs")
-    warm = settings.model_copy(update={"max_requests_per_unit": 64})
-    ctx = AppContext(warm, ctx.sessions, ctx.storage)
-    plan_vs_actual(ctx, generator.tokenizer)  # a first pass records rates for every workload's mix
-    for row in plan_vs_actual(ctx, generator.tokenizer):
-        print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -129,10 +129,9 @@ def test_list_at_80_columns_keeps_every_id_whole_on_one_line(tmp_path, env):
     result = batchinfer({**env, "COLUMNS": "80"}, "list")
     assert result.returncode == 0, result.stderr
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
-    assert result.stdout.split()[:6] == ["id", "status", "done/total", "failed", "created", "(UTC)"]
+    assert result.stdout.split()[:5] == ["id", "status", "done/total", "created", "(UTC)"]
     expected = [[j["id"], "failed", f"{j['request_counts']['completed'] + j['request_counts']['failed']}/"
-                 f"{j['request_counts']['total']}", str(j["request_counts"]["failed"]),
-                 datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%m-%d %H:%M")]
+                 f"{j['request_counts']['total']}", datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%m-%d %H:%M")]
                 for j in reversed(jobs)]
     assert _table_rows(result.stdout) == expected and expected[0][2] == "1/1"
     assert [line.split()[0] for line in result.stdout.splitlines()[2:]] == [j["id"] for j in reversed(jobs)]

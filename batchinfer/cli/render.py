@@ -86,15 +86,15 @@ def _count(header: str) -> Column:
 
 def jobs_table(batches: list[dict], width: int = 80) -> Table:
     """One row per job, the id whole on one line (people copy it). Narrower than 100 columns the counts
-    share one column (done/total, failed) and the date loses its year and seconds."""
+    share one column (done/total: the failed count is in `status`) and the date loses its year and seconds."""
     wide = width >= 100
-    counts = (_count("completed"), _count("failed"), _count("total")) if wide else (_count("done/total"), _count("failed"))
+    counts = (_count("completed"), _count("failed"), _count("total")) if wide else (_count("done/total"),)
     table = _rows_table(Column("id", no_wrap=True), Column("status", no_wrap=True), *counts,
                         Column("created (UTC)", no_wrap=True))
     for b in batches:
         c = b["request_counts"]
         figures = ((str(c["completed"]), str(c["failed"]), str(c["total"])) if wide
-                   else (f"{c['completed'] + c['failed']}/{c['total']}", str(c["failed"])))
+                   else (f"{c['completed'] + c['failed']}/{c['total']}",))
         created = _when(b["created_at"], zone=False)
         table.add_row(literal(b["id"]), literal(b["status"]), *figures, created if wide else created[5:16])
     return table
