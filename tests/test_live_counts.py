@@ -44,6 +44,6 @@ def test_a_units_run_records_its_measured_rates_for_the_estimate(make_context, g
     assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [engine_rates.machine_name()])
     assert rate.source == f"measured on {engine_rates.machine_name()} (1 unit run there)"
-    assert rate.prefill_tokens_per_s > 0 and rate.decode_tokens_per_s > 0
+    assert rate.prefill_tokens_per_s > 0 and rate.decode_step_s > 0
     elsewhere = engine_rates.measured(ctx, ctx.settings.model_id, ["another-host"])
     assert "another machine" in elsewhere.source

@@ -74,6 +74,7 @@ def test_counts_rise_in_status_and_the_api_while_one_unit_runs(stack, tmp_path):
                 if not seen_api or batch["request_counts"]["completed"] != seen_api[-1]["request_counts"]["completed"]:
                     seen_api.append(batch)
                 if batch["status"] in ("completed", "failed", "cancelled", "expired"):
+                    seen_api.append(batch)
                     break
                 assert len(seen_api) < 10_000
                 time.sleep(0.2)

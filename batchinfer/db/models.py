@@ -158,6 +158,7 @@ class EngineRate(Base):
     prefill_s: Mapped[float] = mapped_column(Float)
     decode_tokens: Mapped[float] = mapped_column(Float)
     decode_s: Mapped[float] = mapped_column(Float)
+    decode_steps: Mapped[float] = mapped_column(Float)
     units: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[float] = mapped_column(Float)
 

@@ -15,6 +15,7 @@ class StepStats:
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    decode_steps: int = 0
 
     def record(self, seqs: list[Sequence], seconds: float) -> None:
         prompt = sum(max(0, min(s.num_prompt_tokens - s.num_computed_tokens, s.num_new_tokens)) for s in seqs)
@@ -24,10 +25,12 @@ class StepStats:
         else:
             self.decode_tokens += len(seqs)
             self.decode_s += seconds
+            self.decode_steps += 1
 
     def since(self, before: StepStats) -> StepStats:
         return StepStats(self.prefill_tokens - before.prefill_tokens, self.prefill_s - before.prefill_s,
-                         self.decode_tokens - before.decode_tokens, self.decode_s - before.decode_s)
+                         self.decode_tokens - before.decode_tokens, self.decode_s - before.decode_s,
+                         self.decode_steps - before.decode_steps)
 
     def copy(self) -> StepStats:
-        return StepStats(self.prefill_tokens, self.prefill_s, self.decode_tokens, self.decode_s)
+        return StepStats(self.prefill_tokens, self.prefill_s, self.decode_tokens, self.decode_s, self.decode_steps)

@@ -7,6 +7,7 @@ from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
+from batchinfer.planner.estimate import decode_steps
 from batchinfer.jobs.service import validation_limits
 from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
@@ -24,9 +25,10 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
 
     report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [w.name for w in workers] + [engine_rates.machine_name()])
+    units = plan_units(pending, config)
     estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s,
-                             decode_tokens_per_s=rate.decode_tokens_per_s, workers=len(workers),
-                             units=len(plan_units(pending, config)))
+                             decode_step_s=rate.decode_step_s, steps=decode_steps(units), workers=len(workers),
+                             units=len(units))
     estimate.rate_source = rate.source
     return estimate, report
 

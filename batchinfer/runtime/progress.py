@@ -179,7 +179,7 @@ class UnitWatch:
             d = stats.since(self._steps_before)
             model, machine = self.ctx.settings.model_id, engine_rates.machine_name()
             self._guarded(lambda: engine_rates.record(self.ctx, model, machine, d.prefill_tokens, d.prefill_s,
-                                                      d.decode_tokens, d.decode_s))
+                                                      d.decode_tokens, d.decode_s, d.decode_steps))
         self._guarded(lambda: retrying(self.ctx.sessions, lambda session: session.execute(
             delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id, UnitProgress.attempt == self.attempt))))
 

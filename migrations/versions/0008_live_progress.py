@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("prefill_s", sa.Float(), nullable=False),
         sa.Column("decode_tokens", sa.Float(), nullable=False),
         sa.Column("decode_s", sa.Float(), nullable=False),
+        sa.Column("decode_steps", sa.Float(), nullable=False),
         sa.Column("units", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.Float(), nullable=False),
     )
