@@ -119,7 +119,7 @@ def plan_vs_actual(ctx: AppContext, tokenizer) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--database-url", default=None)
-    parser.add_argument("--plan-only", action="store_true", help="only plan vs actual, on rates already recorded")
+    parser.add_argument("--plan-only", action="store_true", help="only plan against the run")
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="measure-progress-"))
     settings = Settings(data_dir=data, database_url=args.database_url, max_requests_per_unit=200)
@@ -129,8 +129,7 @@ def main() -> None:
         measure_live_and_cancel(ctx, generator)
     warm = settings.model_copy(update={"max_requests_per_unit": 64})
     ctx = AppContext(warm, ctx.sessions, ctx.storage)
-    if not args.plan_only:
-        plan_vs_actual(ctx, generator.tokenizer)  # a first pass records rates for every workload's mix
+    plan_vs_actual(ctx, generator.tokenizer)  # a first pass records step costs for every workload's mix
     for row in plan_vs_actual(ctx, generator.tokenizer):
         print(json.dumps(row))
 

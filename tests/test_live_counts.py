@@ -1,6 +1,10 @@
 """Live counts settle onto the committed ones: a run's live rows count only while it is the unit's running
 attempt, a rerun never shows a request twice, and after the commit the job's own counts are the figures.
 Also the measured engine rates that plan's estimate uses."""
+import pytest
+
+from batchinfer.db.models import EngineRate
+from batchinfer.engine.step_stats import StepStats
 from batchinfer.jobs import engine_rates, service
 from batchinfer.jobs.live import with_live
 from batchinfer.runtime import unit_runner
@@ -44,6 +48,21 @@ def test_a_units_run_records_its_measured_rates_for_the_estimate(make_context, g
     assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [engine_rates.machine_name()])
     assert rate.source == f"measured on {engine_rates.machine_name()} (1 unit run there)"
-    assert rate.prefill_tokens_per_s > 0 and rate.decode_step_s > 0
+    assert rate.prefill_tokens_per_s > 0 and rate.decode_s(steps=4, tokens=8) > 0
     elsewhere = engine_rates.measured(ctx, ctx.settings.model_id, ["another-host"])
     assert "another machine" in elsewhere.source
+
+
+@pytest.mark.fast
+def test_a_decode_steps_cost_is_fitted_from_the_sums_alone():
+    steps = StepStats()
+    for b in (1, 4, 4, 16, 32, 64):  # t = 0.02 + 0.003 * b, exactly
+        steps.decode_steps += 1
+        steps.decode_tokens += b
+        steps.decode_s += 0.02 + 0.003 * b
+        steps.decode_tokens_sq += b * b
+        steps.decode_token_s += b * (0.02 + 0.003 * b)
+    row = EngineRate(**{name: float(getattr(steps, name)) for name in engine_rates.SUMS})
+    assert engine_rates.fit_decode(row) == pytest.approx((0.02, 0.003))
+    one_size = EngineRate(decode_steps=3.0, decode_tokens=12.0, decode_s=0.3, decode_tokens_sq=48.0, decode_token_s=1.2)
+    assert engine_rates.fit_decode(one_size) == pytest.approx((0.1, 0.0))  # one batch size: a per-step cost

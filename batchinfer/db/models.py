@@ -159,6 +159,8 @@ class EngineRate(Base):
     decode_tokens: Mapped[float] = mapped_column(Float)
     decode_s: Mapped[float] = mapped_column(Float)
     decode_steps: Mapped[float] = mapped_column(Float)
+    decode_tokens_sq: Mapped[float] = mapped_column(Float)  # sums for fitting a decode step's cost a + c*batch
+    decode_token_s: Mapped[float] = mapped_column(Float)
     units: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[float] = mapped_column(Float)
 

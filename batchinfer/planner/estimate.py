@@ -36,12 +36,12 @@ def decode_steps(units: list[UnitPlan]) -> int:
 
 def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = None, *,
                   tokens_per_s: float | None = None, prefill_tokens_per_s: float | None = None,
-                  decode_tokens_per_s: float | None = None, decode_step_s: float | None = None,
-                  steps: int = 0, workers: int = 1, units: int = 0) -> PlanEstimate:
+                  decode_tokens_per_s: float | None = None, decode_s: float | None = None,
+                  workers: int = 1, units: int = 0) -> PlanEstimate:
     """Counts plus a run time on `workers` equal workers, each running tokens_per_s over uncached
     prompt tokens plus max_tokens (an upper bound: requests may stop early), or, when given, the
-    prefill rate over uncached prompt tokens plus either `steps` decode steps of decode_step_s (measured
-    engines: decode_steps of the plan's units) or the decode rate over max_tokens."""
+    prefill rate over uncached prompt tokens plus either decode_s (the decode time of the plan's units,
+    priced by the caller from measured step costs) or the decode rate over max_tokens."""
     config = config or PlannerConfig()
     with gc_paused():
         tree = PrefixTree(pending, config.block_size)
@@ -51,8 +51,8 @@ def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = 
     est = PlanEstimate(
         requests=len(pending), prompt_tokens=prompt, max_new_tokens=sum(r.max_tokens for r in pending),
         prefix_groups=groups, expected_cached_tokens=cached, units=units, workers=workers)
-    if workers > 0 and prefill_tokens_per_s and decode_step_s:
-        est.estimated_run_s = ((prompt - cached) / prefill_tokens_per_s + steps * decode_step_s) / workers
+    if workers > 0 and prefill_tokens_per_s and decode_s is not None:
+        est.estimated_run_s = ((prompt - cached) / prefill_tokens_per_s + decode_s) / workers
     elif workers > 0 and prefill_tokens_per_s and decode_tokens_per_s:
         seconds = (prompt - cached) / prefill_tokens_per_s + est.max_new_tokens / decode_tokens_per_s
         est.estimated_run_s = seconds / workers

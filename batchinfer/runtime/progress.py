@@ -176,10 +176,9 @@ class UnitWatch:
         """Record the engine rates this unit measured, and drop the live rows (the unit is done)."""
         stats = getattr(generator, "step_stats", None)
         if stats is not None and self._steps_before is not None:
-            d = stats.since(self._steps_before)
+            steps = stats.since(self._steps_before)
             model, machine = self.ctx.settings.model_id, engine_rates.machine_name()
-            self._guarded(lambda: engine_rates.record(self.ctx, model, machine, d.prefill_tokens, d.prefill_s,
-                                                      d.decode_tokens, d.decode_s, d.decode_steps))
+            self._guarded(lambda: engine_rates.record(self.ctx, model, machine, steps))
         self._guarded(lambda: retrying(self.ctx.sessions, lambda session: session.execute(
             delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id, UnitProgress.attempt == self.attempt))))
 

@@ -37,6 +37,8 @@ def upgrade() -> None:
         sa.Column("decode_tokens", sa.Float(), nullable=False),
         sa.Column("decode_s", sa.Float(), nullable=False),
         sa.Column("decode_steps", sa.Float(), nullable=False),
+        sa.Column("decode_tokens_sq", sa.Float(), nullable=False),
+        sa.Column("decode_token_s", sa.Float(), nullable=False),
         sa.Column("units", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.Float(), nullable=False),
     )
