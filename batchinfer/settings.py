@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     dispatch_countdown_s: float = 1.0
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None
+    progress_flush_s: float = 1.0  # a running unit writes its live counts at most this often
+    abort_poll_s: float = 0.5  # a running unit looks this often for cancelled or expired jobs to stop
     worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
     worker_ttl_s: float = 10.0  # a worker silent this long is dead: its units are rerun (bounds recovery time)
     sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
@@ -75,6 +77,7 @@ class Settings(BaseSettings):
     direct_job_org: str | None = None  # direct (CLI/database) jobs share this org's cache scope; None: their own ("local")
     api_url: str | None = None  # set: the CLI is a client of this server (`batchinfer serve`), nothing else needed
     api_key: str | None = None  # the CLI's key for api_url
+    access_log: bool = True  # `batchinfer serve`: a line per request on stderr (method, route, status, ms, key id)
     api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
     api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
 

@@ -83,7 +83,7 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
     error = json.loads(errs.read_text())["error"]
     assert {k: error[k] for k in ("code", "line", "param")} == {"code": "invalid_json_line", "line": 2, "param": None}
-    assert error["message"] == "the line is not valid JSON: Expecting value at column 1"  # "not json"
+    assert error["message"] == "the line is not valid JSON: Expecting value at character 1"  # "not json"
     cancel = batchinfer(env, "cancel", job["id"])
     assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
 
@@ -124,17 +124,37 @@ def _table_rows(text: str) -> list[list[str]]:
     return rows
 
 
-def test_list_at_80_columns_shows_every_header_and_value(tmp_path, env):
+def test_list_at_80_columns_keeps_every_id_whole_on_one_line(tmp_path, env):
     jobs = _failed_jobs(tmp_path, env, 2)
     result = batchinfer({**env, "COLUMNS": "80"}, "list")
     assert result.returncode == 0, result.stderr
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
-    assert result.stdout.split()[:7] == ["id", "status", "completed", "failed", "total", "created", "(UTC)"]
-    expected = [[j["id"], "failed", str(j["request_counts"]["completed"]), str(j["request_counts"]["failed"]),
-                 str(j["request_counts"]["total"]),
-                 datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S")]
+    assert result.stdout.split()[:5] == ["id", "status", "done/total", "created", "(UTC)"]
+    expected = [[j["id"], "failed", f"{j['request_counts']['completed'] + j['request_counts']['failed']}/"
+                 f"{j['request_counts']['total']}", datetime.fromtimestamp(j["created_at"], timezone.utc).strftime("%m-%d %H:%M")]
                 for j in reversed(jobs)]
-    assert _table_rows(result.stdout) == expected and expected[0][4] == "1"
+    assert _table_rows(result.stdout) == expected and expected[0][2] == "1/1"
+    assert [line.split()[0] for line in result.stdout.splitlines()[2:]] == [j["id"] for j in reversed(jobs)]
+    wide = batchinfer({**env, "COLUMNS": "120"}, "list")
+    assert wide.stdout.split()[:7] == ["id", "status", "completed", "failed", "total", "created", "(UTC)"]
+
+
+@pytest.mark.fast
+def test_every_commands_help_reads_whole_at_80_columns():
+    import typer.main
+    from typer.testing import CliRunner
+
+    from batchinfer.cli.app import app
+
+    def commands(group, path):
+        for name, sub in getattr(group, "commands", {}).items():
+            yield from commands(sub, [*path, name]) if hasattr(sub, "commands") else [[*path, name]]
+
+    for path in commands(typer.main.get_command(app), []):
+        shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+        assert "\u2026" not in shown and max(len(line) for line in shown.splitlines()) <= 80, (path, shown)
+    submit = CliRunner().invoke(app, ["submit", "--help"], env={"COLUMNS": "80"}, terminal_width=80).output
+    assert "--completion-window" in submit and "--json" in submit and "for scripts" in submit
 
 
 def test_output_into_a_pipe_whose_reader_has_gone_exits_quietly(tmp_path, env):

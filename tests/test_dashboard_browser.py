@@ -138,7 +138,7 @@ def test_dashboard_shows_progress_and_groups_cancels_and_hides_other_keys(stack,
         expect(page.locator("#d-groups tbody tr").first).to_be_visible()
         assert page.locator("#d-groups tbody tr").count() >= 1
         expect(page.locator("#w-table tbody tr", has_text=worker)).to_contain_text("alive")
-        assert bobs not in page.content()  # another key's batch is nowhere on the page
+        expect(page.locator(f"tr[data-id='{bobs}']")).to_be_visible()  # an admin key sees every batch
         shot = tmp_path / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"dashboard screenshot: {shot}")
@@ -147,7 +147,12 @@ def test_dashboard_shows_progress_and_groups_cancels_and_hides_other_keys(stack,
         page.click("#d-cancel")
         expect(page.locator("#d-status")).to_have_text("cancelled", timeout=120_000)
         expect(page.locator("#d-links a", has_text="Download output")).to_be_visible()
-        assert bobs not in page.content()
+        page.click("#signout")
+        page.fill("#key", bob["key"])
+        page.click("button[type=submit]")
+        expect(page.locator("#who")).to_have_text("bob")
+        expect(page.locator(f"tr[data-id='{bobs}']")).to_be_visible(timeout=60_000)
+        assert alices not in page.content()  # a tenant's key sees its own batches only
         browser.close()
 
     _wait(lambda: len(receiver.acknowledged()) >= 2, "both webhooks", 60)

@@ -59,7 +59,7 @@ def test_racing_runs_of_one_unit_on_postgres_commit_once(make_context, postgres_
 
 def test_an_engine_failure_fails_the_units_requests_with_server_error(make_context):
     class BrokenEngine:  # a fault the real engine cannot be made to raise on demand
-        def generate(self, requests, on_result=None):
+        def generate(self, requests, on_result=None, aborts=None):
             raise RuntimeError("CUDA out of memory")
 
     ctx = make_context()

@@ -174,3 +174,14 @@ def test_a_huge_bad_value_is_echoed_as_a_short_excerpt(tiny_tokenizer, field):
     report, _, invalid = _validate(tiny_tokenizer, json.dumps(obj).encode())
     assert report.errors[0].param == field and 0 < report.errors[0].message.count("x") <= 200
     assert invalid[0].custom_id in (None, "a")
+
+
+def test_a_json_error_names_the_character_where_the_line_goes_wrong(tiny_tokenizer):
+    whole = chat_line("cut", "Tell me about the sea and the wind over the water, please.")
+    cut = whole[:159]  # a line truncated in the middle of the object
+    missing_comma = whole.replace('", "method"', '" "method"', 1)
+    report, _, _ = _validate(tiny_tokenizer, f"{cut}\n{missing_comma}\n".encode())
+    messages = [e.message for e in report.errors]
+    assert messages[0].endswith("at character 160: the line ends early (is the object cut short?)"), messages[0]
+    column = missing_comma.index('"method"') + 1  # 1-based: where the comma should have been followed
+    assert messages[1] == f"the line is not valid JSON: Expecting ',' delimiter at character {column}", messages[1]

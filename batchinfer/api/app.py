@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI
 
-from batchinfer.api import anthropic_batches, batches, dashboard, errors, files, metrics, retry
+from batchinfer.api import access_log, anthropic_batches, batches, dashboard, errors, files, metrics, retry
 from batchinfer.api.auth import api_key
 from batchinfer.api.work import WorkQueue
 from batchinfer.context import AppContext
@@ -28,6 +28,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ctx, app.state.work = ctx, WorkQueue(ctx)
     errors.install(app)
     metrics.install(app, ctx)
+    if settings.access_log:
+        access_log.install(app)
 
     @app.get("/health", include_in_schema=False)
     def health() -> dict:
@@ -51,6 +53,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:
+    """Bind first, so the printed address is the real one (port 0 picks a free port), then run uvicorn."""
+    import socket
+    import sys
+
     import uvicorn
 
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    app = create_app(settings)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"batchinfer API listening on http://{shown}:{bound} (dashboard at /, Ctrl-C stops)", file=sys.stderr,
+          flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

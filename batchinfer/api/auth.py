@@ -21,6 +21,7 @@ def api_key(request: Request, ctx: AppContext = Depends(context)) -> ApiKey:
     key = tenants.authenticate(ctx, secret.strip())
     if key is None:
         raise APIError(401, "Incorrect or revoked API key.", "invalid_api_key")
+    request.state.key_id = key.id  # for the access log
     return key
 
 

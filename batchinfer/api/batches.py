@@ -9,13 +9,15 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from batchinfer.api.auth import context, owner_id
+from batchinfer.api.auth import api_key, context, owner_id
 from batchinfer.api.errors import APIError
 from batchinfer.api.pages import page
 from batchinfer.context import AppContext
+from batchinfer.db.models import ApiKey, Job
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
 from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.live import with_live
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -64,11 +66,24 @@ def _input_file(ctx: AppContext, owner: str, file_id: str) -> files.FileView:
     return upload
 
 
+def scope(key: ApiKey = Depends(api_key)):
+    """Whose batches a key may read and cancel: an admin key every batch (the local CLI's too), others their own."""
+    return service.ANY_OWNER if key.is_admin else key.id
+
+
+def shown(ctx: AppContext, jobs: list[Job]) -> list[dict]:
+    """Batch objects with the live counts of their running units."""
+    return [batch_object(j) for j in with_live(ctx, jobs)]
+
+
 @router.get("")
-def list_batches(ctx: AppContext = Depends(context), owner: str = Depends(owner_id), after: str | None = None,
-                 limit: int = Query(20, ge=1, le=100)) -> dict:
-    jobs = service.list_jobs(ctx, limit + 1, owner=owner, after=after)
-    return page([batch_object(j) for j in jobs], limit)
+def list_batches(ctx: AppContext = Depends(context), owner: str = Depends(owner_id), key: ApiKey = Depends(api_key),
+                 after: str | None = None, limit: int = Query(20, ge=1, le=100),
+                 all: bool = Query(False, description="admin keys: every batch, not only the key's own")) -> dict:
+    if all and not key.is_admin:
+        raise APIError(403, "Only an admin key lists every batch (batchinfer keys create --admin).", "not_admin", "all")
+    jobs = service.list_jobs(ctx, limit + 1, owner=service.ANY_OWNER if all else owner, after=after)
+    return page(shown(ctx, jobs), limit)
 
 
 @router.post("/estimate")
@@ -98,17 +113,17 @@ def _read(ctx: AppContext, key: str) -> bytes:
 
 
 @router.get("/{batch_id}")
-def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
-    return batch_object(service.get(ctx, batch_id, owner=owner))
+def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
+    return shown(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
 
 
 @router.post("/{batch_id}/cancel")
-def cancel(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
-    return batch_object(service.cancel(ctx, batch_id, owner=owner))
+def cancel(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
+    return shown(ctx, [service.cancel(ctx, batch_id, owner=owner)])[0]
 
 
 @router.get("/{batch_id}/prefix_groups")
-def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
+def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
     from batchinfer.jobs.reports import group_figures, unit_figures
 
     service.get(ctx, batch_id, owner=owner)

@@ -28,7 +28,7 @@ def me(key: ApiKey = Depends(api_key)) -> dict:
 
 @router.get("/batches/{batch_id}/stats")
 def stats(batch_id: str, ctx: AppContext = Depends(context), key: ApiKey = Depends(api_key)) -> dict:
-    job = service.get(ctx, batch_id, owner=key.id)
+    job = service.get(ctx, batch_id, owner=service.ANY_OWNER if key.is_admin else key.id)
     if job.status not in JobStatus.TERMINAL or not job.output_key:
         return {"batch_id": batch_id, "final": False}
     with _cache_lock:

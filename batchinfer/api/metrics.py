@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job
+from batchinfer.jobs.live import live_total
 
 
 class _JobCollector:
@@ -20,10 +21,13 @@ class _JobCollector:
     def collect(self):
         with self.ctx.sessions() as session:
             by_status = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
-            sums = session.execute(select(func.coalesce(func.sum(Job.completed), 0), func.coalesce(func.sum(Job.failed), 0),
+            committed = session.execute(select(func.coalesce(func.sum(Job.completed), 0), func.coalesce(func.sum(Job.failed), 0),
                                           func.coalesce(func.sum(Job.prompt_tokens), 0),
                                           func.coalesce(func.sum(Job.cached_tokens), 0),
                                           func.coalesce(func.sum(Job.completion_tokens), 0))).one()
+            live = live_total(session)  # what running units finished since their last commit
+        sums = (committed[0] + live.completed, committed[1] + live.failed, committed[2] + live.prompt_tokens,
+                committed[3] + live.cached_tokens, committed[4] + live.completion_tokens)
         batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
         for status, count in by_status:
             batches.add_metric([str(status)], count)

@@ -11,14 +11,6 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
@@ -26,7 +18,7 @@ from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
 from batchinfer.jobs.batch_view import batch_object
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 app.add_typer(db_app, name="db")
@@ -34,6 +26,7 @@ keys_app = typer.Typer(no_args_is_help=True, help="API keys for `batchinfer serv
 app.add_typer(keys_app, name="keys")
 # No emoji codes: ':smile:' in a custom_id or a file name prints as typed (markup is off per call, or Text).
 out = Console(emoji=False)
+JSON_HELP = "print JSON (the Batch object, as the API returns it) for scripts"
 err = Console(stderr=True, soft_wrap=True, emoji=False)
 EXIT_INVALID_INPUT = 2
 
@@ -165,13 +158,18 @@ def _open_input(path: Path):
 
 
 def _run_in_process(ctx, job, quiet: bool = False) -> None:
+    from batchinfer.cli.progress import RunProgress
     from batchinfer.runtime.embedded import run_pending
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, disable=quiet, transient=False) as progress:
-        task = progress.add_task("loading model", total=job.total - job.invalid)
-        run_pending(ctx, on_result=lambda _r: progress.advance(task),
-                    on_loaded=lambda: progress.update(task, description="generating"))
+    with RunProgress(err, job.total - job.invalid, quiet) as progress:
+        run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded)
+
+
+def _summary(job, output: Path | None = None) -> None:
+    """The last line of an in-process run, on stderr: how it ended (and where the results went)."""
+    where = f" -> {output}" if output else ""
+    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed{where}", markup=False,
+              highlight=False)
 
 
 @app.command()
@@ -182,8 +180,9 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
            completion_window: str | None = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
            dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its cost estimate; submit nothing"),
-           as_json: bool = typer.Option(False, "--json", help="print the job object as JSON")):
-    """Submit a batch job; prints its id. Without a broker the job runs right here."""
+           as_json: bool = typer.Option(False, "--json", help=JSON_HELP)):
+    """Submit a batch job; prints its id. Without a broker the job runs right here (the id first, a summary
+    at the end)."""
     client = _client()
     if client is not None:
         _submit_remote(client, file, model, metadata, completion_window, skip_invalid, dry_run, as_json)
@@ -192,8 +191,13 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
     if dry_run:
         _print_plan(ctx, file, as_json)
         return
+    def created(job) -> None:  # the id at once: another shell can watch or cancel the job while it runs here
+        if ctx.settings.embedded and not as_json:
+            print(job.id, flush=True)
+
     with _open_input(file) as source:
-        job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid)
+        job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid,
+                             on_created=created)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json)
     if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
@@ -203,7 +207,12 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
     else:
         _dispatch_soon(job.id)
     job = service.get(ctx, job.id)
-    print(json.dumps(batch_object(job)) if as_json else job.id)
+    if as_json:
+        print(json.dumps(batch_object(job)))
+    elif ctx.settings.embedded:
+        _summary(job)
+    else:
+        print(job.id)
 
 
 def _dispatch_soon(job_id: str) -> None:
@@ -248,7 +257,7 @@ def _print_estimate(result: dict, as_json: bool) -> None:
 @app.command()
 @friendly_errors
 def plan(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
-         as_json: bool = typer.Option(False, "--json")):
+         as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON for scripts")):
     """Requests, prompt tokens, prefix groups, expected cached tokens and run time, before anything runs."""
     client = _client()
     if client is not None:
@@ -261,19 +270,23 @@ def plan(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 
 @app.command()
 @friendly_errors
-def status(job_id: str, watch: bool = typer.Option(False, help="refresh until the job ends"),
-           as_json: bool = typer.Option(False, "--json")):
-    """Lifecycle, request counts, tokens, cache hit rate, timestamps, errors, and progress by prefix group."""
+def status(job_id: str,
+           watch: bool = typer.Option(False, help="refresh until the job ends (not a terminal: a line per change)"),
+           as_json: bool = typer.Option(False, "--json", help=JSON_HELP + ", with its prefix groups and units")):
+    """Lifecycle, request counts (live while units run), tokens, cache hit rate, ETA, timestamps, errors, and
+    progress by prefix group."""
     client = _client()
     if client is not None:
         _status_remote(client, job_id, watch, as_json)
         return
     ctx = _context()
     job = _refresh(ctx, job_id)
-    if watch and not as_json:
+    if watch and not as_json and not out.is_terminal:
+        job = _watch_lines(lambda: _refresh(ctx, job_id))
+    elif watch and not as_json:
         with Live(_status_view(ctx, job), console=out, refresh_per_second=2) as live:
             while job.status not in JobStatus.TERMINAL:
-                time.sleep(1)
+                time.sleep(WATCH_S)
                 job = _refresh(ctx, job_id)
                 live.update(_status_view(ctx, job))
     else:
@@ -288,14 +301,35 @@ def status(job_id: str, watch: bool = typer.Option(False, help="refresh until th
         raise typer.Exit(1)
 
 
+WATCH_S = 0.5  # live counts move at most once a second: polling twice as often shows each change
+
+
+def _watch_lines(fetch):
+    """`status --watch` into a pipe or a file: one line per change, until the job ends; returns the last."""
+    from batchinfer.cli.progress import changed, watch_line
+
+    shown = None
+    while True:
+        job = fetch()
+        batch = batch_object(job) if not isinstance(job, dict) else job
+        if changed(shown, batch):
+            print(watch_line(batch), flush=True)
+            shown = batch
+        if batch["status"] in JobStatus.TERMINAL:
+            return job
+        time.sleep(WATCH_S)
+
+
 def _status_remote(client, job_id: str, watch: bool, as_json: bool) -> None:
     from rich.console import Group
 
     from batchinfer.cli.render import groups_table_of
 
     batch = client.get(job_id)
+    if watch and not as_json and not out.is_terminal:
+        batch = _watch_lines(lambda: client.get(job_id))
     while watch and batch["status"] not in JobStatus.TERMINAL:
-        time.sleep(1)
+        time.sleep(WATCH_S)
         batch = client.get(job_id)
     groups = client.prefix_groups(job_id)
     if as_json:
@@ -317,25 +351,36 @@ def _status_view(ctx, job):
 
 
 def _refresh(ctx, job_id: str):
-    return service.get(ctx, job_id)  # expiry and the rest are the sweep's (workers, or `batchinfer run`)
+    """The job with its running units' live counts (expiry and the rest are the sweep's: workers, or `run`)."""
+    from batchinfer.jobs.live import with_live
+
+    return with_live(ctx, [service.get(ctx, job_id)])[0]
 
 
 @app.command("list")
 @friendly_errors
-def list_(limit: int = typer.Option(50, min=1), as_json: bool = typer.Option(False, "--json")):
-    """The most recent jobs."""
+def list_(limit: int = typer.Option(50, min=1, help="how many jobs, newest first"),
+          all_: bool = typer.Option(False, "--all", help="through the API with an admin key: every tenant's jobs"),
+          as_json: bool = typer.Option(False, "--json", help="print a JSON list of Batch objects for scripts")):
+    """The most recent jobs (ids whole on one line, also at 80 columns)."""
     client = _client()
-    views = client.list(limit) if client else [batch_object(j) for j in service.list_jobs(_context(), limit)]
+    if client:
+        views = client.list(limit, all_)
+    else:
+        from batchinfer.jobs.live import with_live
+
+        ctx = _context()
+        views = [batch_object(j) for j in with_live(ctx, service.list_jobs(ctx, limit))]
     if as_json:
         print(json.dumps(views))
     else:
-        out.print(jobs_table(views))
+        out.print(jobs_table(views, out.width))
 
 
 @app.command()
 @friendly_errors
-def cancel(job_id: str, as_json: bool = typer.Option(False, "--json")):
-    """Cancel a job; everything finished so far is kept."""
+def cancel(job_id: str, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)):
+    """Cancel a job: its running requests stop within a second; everything finished so far is kept."""
     client = _client()
     batch = client.cancel(job_id) if client else batch_object(service.cancel(_context(), job_id))
     print(json.dumps(batch) if as_json else f"{batch['id']} {batch['status']}")
@@ -407,8 +452,7 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
     if errors is not None:
         with open(errors, "wb") as target:
             service.download(ctx, job.id, target, errors=True)
-    err.print(f"{job.id} {job.status}: {job.completed} completed, {job.failed} failed -> {output}", markup=False,
-              highlight=False)
+    _summary(job, output)
     if job.status != JobStatus.COMPLETED:
         raise typer.Exit(1)
 
@@ -433,20 +477,25 @@ def worker(name: str | None = typer.Option(None, help="worker name (default: hos
 @app.command()
 @friendly_errors
 def serve(host: str = typer.Option("127.0.0.1", help="address to listen on"),
-          port: int = typer.Option(8000, help="port to listen on")):
-    """Serve the HTTP API (OpenAI Files and Batches shapes) on uvicorn."""
+          port: int = typer.Option(8000, help="port to listen on (0: any free port)"),
+          access_log: bool | None = typer.Option(None, "--access-log/--no-access-log",
+                                                 help="a line per request on stderr (default: the setting)")):
+    """Serve the HTTP API (OpenAI Files and Batches shapes) and the dashboard on uvicorn; prints the address."""
     from batchinfer.api.app import serve as run_server
 
-    run_server(host, port, _context().settings)
+    settings = _context().settings
+    if access_log is not None:
+        settings = settings.model_copy(update={"access_log": access_log})
+    run_server(host, port, settings)
 
 
 @keys_app.command("create")
 @friendly_errors
 def keys_create(name: str = typer.Option(..., help="who the key is for"),
                 webhook: str | None = typer.Option(None, "--webhook", help="URL that receives batch.* events"),
-                admin: bool = typer.Option(False, "--admin", help="may see the workers on the dashboard"),
+                admin: bool = typer.Option(False, "--admin", help="sees every batch and the workers"),
                 org: str | None = typer.Option(None, "--org", help="share the prefix cache with this org's keys"),
-                as_json: bool = typer.Option(False, "--json")):
+                as_json: bool = typer.Option(False, "--json", help="print the key (with its secret) as JSON")):
     """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
     from batchinfer.jobs import tenants
 
@@ -460,14 +509,15 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
         print(secret)
         if key.webhook_secret:
             print(key.webhook_secret)
-        printed = "the key above" + (" and its webhook signing secret below it" if key.webhook_secret else "")
-        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {printed} are shown only now",
+        printed = ("the key above and its webhook signing secret below it are" if key.webhook_secret
+                   else "the key above is")
+        err.print(f"created {key.id} ({key.name}{', admin' if admin else ''}); {printed} shown only now",
                   markup=False, highlight=False)
 
 
 @keys_app.command("list")
 @friendly_errors
-def keys_list(as_json: bool = typer.Option(False, "--json")):
+def keys_list(as_json: bool = typer.Option(False, "--json", help="print a JSON list for scripts")):
     """The API keys (never their secrets)."""
     from batchinfer.cli.render import keys_table
     from batchinfer.jobs import tenants

@@ -60,8 +60,9 @@ class ApiClient:
     def prefix_groups(self, batch_id: str) -> list[dict]:
         return self._call("GET", f"/v1/batches/{batch_id}/prefix_groups")["data"]
 
-    def list(self, limit: int) -> list[dict]:
-        return self._call("GET", "/v1/batches", params={"limit": min(limit, 100)})["data"]
+    def list(self, limit: int, all_: bool = False) -> list[dict]:
+        params = {"limit": min(limit, 100), **({"all": "true"} if all_ else {})}
+        return self._call("GET", "/v1/batches", params=params)["data"]
 
     def cancel(self, batch_id: str) -> dict:
         return self._call("POST", f"/v1/batches/{batch_id}/cancel")

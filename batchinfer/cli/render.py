@@ -7,6 +7,7 @@ from rich import box
 from rich.table import Column, Table
 from rich.text import Text
 
+from batchinfer.cli.progress import eta_s
 from batchinfer.cluster.registry import WorkerState
 from batchinfer.errors import excerpt
 from batchinfer.jobs.reports import GroupFigures
@@ -47,9 +48,13 @@ def job_table(batch: dict) -> Table:
         table.add_row("input file", literal(excerpt(batch["input_filename"])))
     if batch["metadata"]:
         table.add_row("metadata", literal(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
-    for name in TIMESTAMPS:
-        if batch.get(name):
-            table.add_row(name.removesuffix("_at").replace("_", " "), _when(batch[name]))
+    eta = eta_s(batch) if batch["status"] == "in_progress" else None
+    if eta is not None:
+        table.add_row("ETA", f"{eta:.0f} s (at this batch's pace so far)")
+    # in the order they happened (expires last: it is a deadline, not an event)
+    events = sorted((batch[name], name) for name in TIMESTAMPS if batch.get(name) and name != "expires_at")
+    for when, name in events + ([(batch["expires_at"], "expires_at")] if batch.get("expires_at") else []):
+        table.add_row(name.removesuffix("_at").replace("_", " "), _when(when))
     errors = batch["errors"]
     if errors:
         count = errors.get("count", len(errors["data"]))
@@ -79,15 +84,19 @@ def _count(header: str) -> Column:
     return Column(header, justify="right", no_wrap=True)
 
 
-def jobs_table(batches: list[dict]) -> Table:
-    """One row per job; at 80 columns the id folds over two lines (the zone sits in the header to keep
-    the date on one)."""
-    table = _rows_table(_folding("id", min_width=19), Column("status", no_wrap=True), _count("completed"),
-                        _count("failed"), _count("total"), Column("created (UTC)", min_width=10))
+def jobs_table(batches: list[dict], width: int = 80) -> Table:
+    """One row per job, the id whole on one line (people copy it). Narrower than 100 columns the counts
+    share one column (done/total: the failed count is in `status`) and the date loses its year and seconds."""
+    wide = width >= 100
+    counts = (_count("completed"), _count("failed"), _count("total")) if wide else (_count("done/total"),)
+    table = _rows_table(Column("id", no_wrap=True), Column("status", no_wrap=True), *counts,
+                        Column("created (UTC)", no_wrap=True))
     for b in batches:
         c = b["request_counts"]
-        table.add_row(literal(b["id"]), literal(b["status"]), str(c["completed"]), str(c["failed"]), str(c["total"]),
-                      _when(b["created_at"], zone=False))
+        figures = ((str(c["completed"]), str(c["failed"]), str(c["total"])) if wide
+                   else (f"{c['completed'] + c['failed']}/{c['total']}",))
+        created = _when(b["created_at"], zone=False)
+        table.add_row(literal(b["id"]), literal(b["status"]), *figures, created if wide else created[5:16])
     return table
 
 
@@ -96,11 +105,16 @@ def plan_table(est: PlanEstimate) -> Table:
     table.add_row("requests", str(est.requests))
     table.add_row("prompt tokens", str(est.prompt_tokens))
     table.add_row("max new tokens", str(est.max_new_tokens))
-    table.add_row("prefix groups", str(est.prefix_groups))
+    groups = str(est.prefix_groups)
+    if not est.prefix_groups and est.expected_cached_tokens:
+        groups += " (no long shared prefix; shorter shared blocks still hit the cache)"
+    table.add_row("prefix groups", groups)
     table.add_row("expected cached tokens", f"{est.expected_cached_tokens} ({est.expected_hit_rate:.1%} of prompt tokens)")
     table.add_row("work units", str(est.units))
     run = f"{est.estimated_run_s:.0f} s" if est.estimated_run_s is not None else "unknown"
-    table.add_row("estimated run time", f"{run} on {est.workers} worker(s) (upper bound: every request runs to max_tokens)")
+    table.add_row("estimated run time", f"{run} on {est.workers} worker(s), every request running to max_tokens")
+    if est.rate_source:
+        table.add_row("rates", est.rate_source)
     return table
 
 

@@ -131,6 +131,42 @@ class WorkUnit(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
 
 
+class UnitProgress(Base):
+    """Live counts of a running unit's finished requests, per job: the unit's run rewrites its rows at most
+    once a second. Only the current attempt of a running unit counts (jobs.live); its commit is the truth."""
+
+    __tablename__ = "unit_progress"
+    __table_args__ = (Index("ix_unit_progress_job", "job_id"),)
+
+    unit_id: Mapped[str] = mapped_column(ForeignKey("work_units.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    completed: Mapped[int] = mapped_column(Integer)
+    failed: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class EngineRate(Base):
+    """Step time measured per model and machine, by phase; sums decay so recent units weigh most."""
+
+    __tablename__ = "engine_rates"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    machine: Mapped[str] = mapped_column(String(256), primary_key=True)
+    prefill_tokens: Mapped[float] = mapped_column(Float)
+    prefill_s: Mapped[float] = mapped_column(Float)
+    decode_tokens: Mapped[float] = mapped_column(Float)
+    decode_s: Mapped[float] = mapped_column(Float)
+    decode_steps: Mapped[float] = mapped_column(Float)
+    decode_tokens_sq: Mapped[float] = mapped_column(Float)  # sums for fitting a decode step's cost a + c*batch
+    decode_token_s: Mapped[float] = mapped_column(Float)
+    units: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 class WebhookStatus(StrEnum):
     PENDING = "pending"  # due at next_attempt_at (a claimed row's next_attempt_at is its lease end)
     DELIVERED = "delivered"

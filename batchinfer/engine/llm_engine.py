@@ -1,6 +1,7 @@
 """LLMEngine: requests in, results out; each step schedules a batch, runs it, folds the tokens back."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .step_stats import StepStats
 from .stop_checker import StopChecker
 from .types import GenerationRequest, GenerationResult, context_length, now, refusal
 
@@ -28,6 +30,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.stop_checker = StopChecker(self.tokenizer, eos_token_ids(loaded), self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
+        self.step_stats = StepStats()
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
@@ -52,8 +55,10 @@ class LLMEngine:
         if not seqs:
             return []
         self._mark_scheduled(seqs)
+        started = time.perf_counter()
         sampled = self.runner.run(seqs)
         embedded = self.runner.take_embeddings()
+        self.step_stats.record(seqs, time.perf_counter() - started)
         finished = self.scheduler.postprocess(seqs, sampled, self.stop_checker)
         finished += self._finish_embedded(seqs, embedded)
         self._mark_tokens(seqs, sampled.keys() | embedded.keys())
@@ -62,18 +67,24 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> GenerationResult | None:
+        """Stop a waiting or running request now and free its KV blocks (vLLM's abort_request); its result
+        (finish_reason "abort", the tokens generated so far), or None for an id the engine does not hold."""
         seq = self.seqs.pop(request_id, None)
-        if seq is not None and not seq.is_finished:
-            self.scheduler.finish(seq, "abort")
-            self.runner.sampler.remove(request_id)
+        if seq is None or seq.is_finished:
+            return None
+        self.scheduler.finish(seq, "abort")
+        self.runner.sampler.remove(request_id)
+        return aborted_result(seq, self.stop_checker)
 
     def generate(self, requests: Iterable[GenerationRequest],
-                 on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
+                 on_result: Callable[[GenerationResult], None] | None = None,
+                 aborts: Callable[[], Collection[str]] | None = None) -> list[GenerationResult]:
         """Run all requests to completion; on_result sees each as it finishes, the list keeps input order.
 
         A request the engine cannot run (empty, over the context, a bad seed, a duplicate id) gets an
-        error result of its own (GenerationResult.error); the rest of the batch runs."""
+        error result of its own (GenerationResult.error); the rest of the batch runs. aborts(), asked
+        before every step, names requests to stop now: they end with finish_reason "abort"."""
         order: list[str] = []
         refused: dict[int, GenerationResult] = {}  # by position: a duplicate id must not hide its error
         for req in requests:
@@ -86,7 +97,8 @@ class LLMEngine:
             order.append(req.request_id)
         results: dict[str, GenerationResult] = {}
         while self.has_unfinished():
-            for result in self.step():
+            stopped = [self.abort(rid) for rid in (aborts() if aborts is not None else ())]
+            for result in [r for r in stopped if r is not None] + self.step():
                 results[result.request_id] = result
                 if on_result is not None:
                     on_result(result)
@@ -162,6 +174,17 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         last_token_time=seq.last_token_time,
         embedding=seq.embedding,
     )
+
+
+def aborted_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult:
+    """What an aborted sequence reports: the tokens it had; a sequence never scheduled has its arrival as every time."""
+    t = seq.arrival_time
+    first = seq.first_scheduled_time or t
+    return GenerationResult(
+        request_id=seq.request_id, output_token_ids=seq.output_token_ids, text=stop_checker.final_text(seq),
+        finish_reason="abort", prompt_tokens=seq.num_prompt_tokens, cached_tokens=seq.num_cached_tokens or 0,
+        arrival_time=t, first_scheduled_time=first, first_token_time=seq.first_token_time or first,
+        last_token_time=seq.last_token_time or first)
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:

@@ -49,7 +49,7 @@ class GenerationResult:
     request_id: str
     output_token_ids: list[int]
     text: str
-    finish_reason: str  # "stop" | "length" | "error"
+    finish_reason: str  # "stop" | "length" | "error" | "abort" (LLMEngine.abort)
     prompt_tokens: int
     cached_tokens: int
     arrival_time: float
@@ -68,6 +68,10 @@ class GenerationResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
 
     @property
     def completion_tokens(self) -> int:

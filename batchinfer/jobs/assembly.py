@@ -12,8 +12,8 @@ from batchinfer.db.models import Request, RequestStatus, WorkUnit
 from batchinfer.jobs.records import UnitResult
 from batchinfer.storage import Storage
 
-_UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),
-                     RequestStatus.EXPIRED: ("batch_expired", "the batch's completion window passed before this request ran")}
+_UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request finished"),
+                     RequestStatus.EXPIRED: ("batch_expired", "the batch's completion window passed before this request finished")}
 
 
 def _unit_records(storage: Storage, result_key: str, job_id: str, committed: set[int]) -> Iterator[tuple[int, bool, bytes]]:

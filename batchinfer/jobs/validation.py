@@ -198,15 +198,24 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
 
 def _decode(raw: bytes) -> dict:
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        obj = json.loads(text)
     except UnicodeDecodeError as exc:
         raise _Rejected(("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})", None, None)) from None
     except (ValueError, RecursionError) as exc:  # ValueError also covers an integer of over 4300 digits
-        reason = f"{exc.msg} at column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else _json_limit(exc)
+        reason = _json_position(exc, text) if isinstance(exc, json.JSONDecodeError) else _json_limit(exc)
         raise _Rejected(("invalid_json_line", f"the line is not valid JSON: {reason}", None, None)) from None
     if not isinstance(obj, dict):
         raise _Rejected(("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object", None, None))
     return obj
+
+
+def _json_position(exc: json.JSONDecodeError, text: str) -> str:
+    """The character (1-based, in the line) where parsing failed; a line cut short says so (its column
+    would be the 1 after the trailing newline)."""
+    if exc.pos >= len(text.rstrip()):
+        return f"{exc.msg} at character {len(text.rstrip()) + 1}: the line ends early (is the object cut short?)"
+    return f"{exc.msg} at character {exc.pos + 1}"
 
 
 def _json_limit(exc: Exception) -> str:

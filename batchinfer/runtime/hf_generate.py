@@ -7,11 +7,11 @@ drawn by the engine's Sampler and stopped by its StopChecker, so both paths samp
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import torch
 
-from batchinfer.engine.llm_engine import eos_token_ids, sequence_result
+from batchinfer.engine.llm_engine import aborted_result, eos_token_ids, sequence_result
 from batchinfer.engine.loader import LoadedModel, load_model
 from batchinfer.engine.sampler import Sampler
 from batchinfer.engine.sequence import Sequence
@@ -33,8 +33,15 @@ class HFGenerator:
         return cls(load_model(model_path, cache_dir))
 
     def generate(self, requests: Iterable[GenerationRequest],
-                 on_result: Callable[[GenerationResult], None] | None = None) -> list[GenerationResult]:
+                 on_result: Callable[[GenerationResult], None] | None = None,
+                 aborts: Callable[[], Collection[str]] | None = None) -> list[GenerationResult]:
         requests = list(requests)
+        stopped: set[str] = set()
+
+        def aborted(request_id: str) -> bool:  # asked before every token, as LLMEngine asks before every step
+            stopped.update(aborts() if aborts is not None else ())
+            return request_id in stopped
+
         now = time.time()
         for req in requests:
             if req.arrival_time is None:
@@ -42,17 +49,20 @@ class HFGenerator:
         results = []
         for req in requests:
             problem = refusal(req, self.max_model_len)
-            result = GenerationResult.failed(req, problem) if problem else self._generate_one(req)
+            result = GenerationResult.failed(req, problem) if problem else self._generate_one(req, aborted)
             if on_result:
                 on_result(result)
             results.append(result)
         return results
 
     @torch.inference_mode()
-    def _generate_one(self, req: GenerationRequest) -> GenerationResult:
+    def _generate_one(self, req: GenerationRequest, aborted: Callable[[str], bool]) -> GenerationResult:
         if req.sampling.embed:
             return GenerationResult.failed(req, "embeddings need the engine backend")
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling, req.arrival_time or time.time())
+        if aborted(seq.request_id):
+            seq.finish_reason = "abort"
+            return aborted_result(seq, self.stop_checker)
         seq.first_scheduled_time = time.time()
         self.sampler.add(seq.request_id, seq.sampling)
         try:
@@ -64,6 +74,9 @@ class HFGenerator:
                 seq.finish_reason = self.stop_checker(seq)
                 if seq.finish_reason is not None:
                     return sequence_result(seq, self.stop_checker)
+                if aborted(seq.request_id):
+                    seq.finish_reason = "abort"
+                    return aborted_result(seq, self.stop_checker)
                 out = self.model(input_ids=torch.tensor([seq.token_ids[-1:]]), use_cache=True, **_cache_kwargs(out))
         finally:
             self.sampler.remove(seq.request_id)

@@ -4,21 +4,19 @@ from __future__ import annotations
 from typing import BinaryIO
 
 from batchinfer.context import AppContext
+from batchinfer.jobs import engine_rates
 from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
+from batchinfer.planner.estimate import decode_steps
 from batchinfer.jobs.job_validation import validation_limits
 from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
 
-# A worker that has not run a unit yet has no measured rate: this CPU-scale figure stands in
-# (SmolLM2-135M, one core, prefill-dominated work); workers publish their measured rate after each unit.
-ASSUMED_TOKENS_PER_S = 300.0
 
-
-def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: list[WorkerState],
-            assumed_tokens_per_s: float = ASSUMED_TOKENS_PER_S) -> tuple[PlanEstimate, ValidationReport]:
-    """Validate (nothing stored), plan, and estimate on the known workers: their measured rate when
-    they have one, else assumed_tokens_per_s each."""
+def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
+            workers: list[WorkerState]) -> tuple[PlanEstimate, ValidationReport]:
+    """Validate (nothing stored), plan, and estimate on the known workers at the prefill and decode rates
+    measured on their machines (engine_rates; the estimate says where the figure came from)."""
     tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
     pending: list[PendingRequest] = []
 
@@ -26,9 +24,12 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
         pending.append(req.to_pending("dry-run"))
 
     report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
-    rate = sum(w.prefill_tokens_per_s or assumed_tokens_per_s for w in workers)
-    estimate = estimate_plan(pending, config, tokens_per_s=rate or None, units=len(plan_units(pending, config)))
-    estimate.workers = len(workers)
+    rate = engine_rates.measured(ctx, ctx.settings.model_id, [w.name for w in workers] + [engine_rates.machine_name()])
+    units = plan_units(pending, config)
+    decode = rate.decode_s(decode_steps(units), sum(r.max_tokens for r in pending))
+    estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s, decode_s=decode,
+                             workers=len(workers), units=len(units))
+    estimate.rate_source = rate.source
     return estimate, report
 
 

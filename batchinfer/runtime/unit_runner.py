@@ -6,7 +6,7 @@ conditional UPDATE on work_units lets exactly one run commit, so every request i
 from __future__ import annotations
 
 import logging
-from collections.abc import Set as AbstractSet
+from collections.abc import Collection, Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -17,6 +17,7 @@ from batchinfer.jobs.records import UnitRequest, UnitResult
 from batchinfer.jobs.state import ending, units
 from batchinfer.runtime import embedding_parts
 from batchinfer.runtime.generator import Generator
+from batchinfer.runtime.progress import UnitWatch
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class UnitOutcome:
 
 
 OnResult = Callable[[GenerationResult], None]
+Aborts = Callable[[], Collection[str]]
 Records = dict[tuple[str, int], UnitResult]
 
 
@@ -49,11 +51,14 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
         return UnitOutcome(unit_id, committed=False)
     attempt, to_run, prefix_key = started.attempt, started.to_run, started.prefix_key
     requests = _load_requests(ctx, unit_id, to_run)
-    records = _generate(requests, generator, worker, on_result, stopping)
+    watch = UnitWatch(ctx, unit_id, attempt, requests, ctx.settings.abort_poll_s, ctx.settings.progress_flush_s)
+    with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
     result_key = _write_results(ctx, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
+    watch.finish(generator)
     if outcome.committed:
         jobs = sorted({job_id for job_id, _ in to_run} | units.jobs_of_unit(ctx, unit_id))
         # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
@@ -80,12 +85,12 @@ def _write_results(ctx: AppContext, unit_id: str, attempt: int, records: Records
 
 
 def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
-              stopping: Callable[[], bool] = lambda: False) -> Records:
+              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone (its result carries the
     error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
     try:
-        records.update(_run_batch(requests, generator, worker, on_result))
+        records.update(_run_batch(requests, generator, worker, on_result, aborts))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
@@ -96,7 +101,7 @@ def _generate(requests: list[UnitRequest], generator: Generator, worker: str, on
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(requests))
             for r in requests:
-                records.update(_generate([r], generator, worker, on_result, stopping))
+                records.update(_generate([r], generator, worker, on_result, stopping, aborts))
     return records
 
 
@@ -106,7 +111,9 @@ def _generation_request(r: UnitRequest) -> GenerationRequest:
                              cache_salt=r.cache_salt)
 
 
-def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None) -> Records:
+def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, on_result: OnResult | None,
+               aborts: Aborts | None = None) -> Records:
+    """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
     by_id = {r.request_id: r for r in requests}
@@ -114,9 +121,11 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
                 for r in requests}
     parts = {rid: len(e) for rid, e in expanded.items() if len(e) > 1}
     records: Records = {}
-    results = generator.generate([g for e in expanded.values() for g in e], on_result=on_result)
+    results = generator.generate([g for e in expanded.values() for g in e], on_result=on_result, aborts=aborts)
     for request_id, found in embedding_parts.grouped(results, parts):
         r = by_id[request_id]
+        if any(x.aborted for x in found):
+            continue
         error = next((x.error for x in found if x.error), None)  # refused by the generator (engine.types.refusal): this request alone fails
         if error:
             records[r.key] = _error_record(r, "invalid_request", error[:500])

@@ -113,3 +113,32 @@ def test_abort_frees_the_request_blocks(engine):
     engine.abort("doomed")
     assert not engine.has_unfinished()
     engine.block_manager.check_integrity([])
+
+
+def test_generate_stops_aborted_requests_and_the_rest_run_on(engine):
+    """aborts() is asked before every step: a running request and a waiting one stop there, their blocks are
+    freed, and the requests beside them give the tokens they give alone."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = {rid: chat(engine, f"Count to ten, request {rid}.") for rid in ("keep", "stop-running", "stop-waiting")}
+    alone = engine.generate([GenerationRequest("keep", prompts["keep"], params)])[0]
+    steps = 0
+
+    def aborts() -> list[str]:
+        nonlocal steps
+        steps += 1
+        return ["stop-running", "stop-waiting"] if steps == 3 else []
+
+    waiting = GenerationRequest("stop-waiting", prompts["stop-waiting"], params)
+    before, engine.scheduler.max_num_seqs = engine.scheduler.max_num_seqs, 2  # the third request waits
+    try:
+        results = engine.generate([GenerationRequest("keep", prompts["keep"], params),
+                                   GenerationRequest("stop-running", prompts["stop-running"], params), waiting],
+                                  aborts=aborts)
+    finally:
+        engine.scheduler.max_num_seqs = before
+    keep, running, never = results
+    assert keep.output_token_ids == alone.output_token_ids and keep.finish_reason == "length"
+    assert running.finish_reason == "abort" and 0 < running.completion_tokens < params.max_tokens
+    assert never.finish_reason == "abort" and never.completion_tokens == 0
+    assert not engine.has_unfinished() and not engine.seqs
+    engine.block_manager.check_integrity([])

@@ -1,10 +1,10 @@
 // The batchinfer dashboard: plain JS over the Batches API. Every value from the server is put in the page
 // with textContent, never as HTML. The key lives in sessionStorage (gone when the tab closes).
 "use strict";
-const POLL_MS = Number(new URLSearchParams(location.search).get("poll_ms")) || 2000;
+const POLL_MS = Number(new URLSearchParams(location.search).get("poll_ms")) || 1000;
 const FINAL = ["completed", "failed", "expired", "cancelled"];
 const $ = (id) => document.getElementById(id);
-let selected = null, timer = null, samples = {}, statsCache = {};
+let selected = null, timer = null, samples = {}, statsCache = {}, admin = false;
 
 function key() { return sessionStorage.getItem("batchinfer_key"); }
 
@@ -48,6 +48,7 @@ async function signIn(secret) {
   try {
     const me = await json("/v1/dashboard/me");
     $("who").textContent = me.name + (me.admin ? " (admin)" : "");
+    admin = me.admin;
     $("signin").hidden = true; $("app").hidden = false; $("signout").hidden = false;
     $("workers").hidden = !me.admin;
     refresh();
@@ -71,7 +72,7 @@ async function refresh() {
 }
 
 async function renderList() {
-  const list = await json("/v1/batches?limit=100");
+  const list = await json("/v1/batches?limit=100" + (admin ? "&all=true" : ""));  // an admin sees every batch
   const body = $("batches").tBodies[0];
   body.replaceChildren();
   for (const b of list.data) {
@@ -102,7 +103,8 @@ async function renderDetail(id) {
   const steps = [["created", b.created_at], ["validated", b.queued_at], ["in progress", b.in_progress_at],
     ["cancelling", b.cancelling_at], ["finalizing", b.finalizing_at], ["completed", b.completed_at],
     ["failed", b.failed_at], ["expired", b.expired_at], ["cancelled", b.cancelled_at]];
-  $("d-timeline").replaceChildren(...steps.filter(([, t]) => t).map(([name, t]) => el("li", `${name}: ${when(t)}`)));
+  const seen = steps.filter(([, t]) => t).sort((a, b) => a[1] - b[1]);  // in the order they happened
+  $("d-timeline").replaceChildren(...seen.map(([name, t]) => el("li", `${name}: ${when(t)}`)));
   if (!FINAL.includes(b.status)) $("d-timeline").append(el("li", `expires: ${when(b.expires_at)}`, "pending"));
   renderLinks(b);
   $("d-cancel").hidden = FINAL.includes(b.status) || b.status === "cancelling";

@@ -49,6 +49,8 @@ FAIL_REQUEST = Transition("fail (its unit commits an error)", "request", (R.PLAN
 CANCEL_UNSTARTED = Transition("cancel unstarted", "request", (R.PENDING, R.PLANNED), R.CANCELLED)
 EXPIRE_UNSTARTED = Transition("expire unstarted", "request", (R.PENDING, R.PLANNED), R.EXPIRED)
 CANCEL_ORPHANED = Transition("cancel orphaned (no unit runs it)", "request", (R.PENDING, R.PLANNED, R.RUNNING), R.CANCELLED)
+CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
+EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
 
 # work units
 PLAN_UNIT = Transition("plan", "unit", (), U.QUEUED)
@@ -59,8 +61,8 @@ RESEND_UNIT = Transition("resend (its message is lost)", "unit", (U.QUEUED,), U.
 
 TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
                EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
-               FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, PLAN_UNIT, START_UNIT, COMMIT_UNIT,
-               RERUN_UNIT, RESEND_UNIT)
+               FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, CANCEL_RUNNING, EXPIRE_RUNNING,
+               PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT)
 
 
 class Refused(Exception):

@@ -142,6 +142,23 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
             completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
 
 
+def stop_running(ctx: AppContext, unit_id: str, attempt: int, job_id: str, indexes: list[int], expired: bool) -> int:
+    """Close requests of `job_id` that this run of the unit holds and the engine stopped (cancel or expiry),
+    counted as failed; only while this attempt still owns the unit. Returns how many were closed."""
+    t = T.EXPIRE_RUNNING if expired else T.CANCEL_RUNNING
+
+    def work(session) -> int:
+        session.execute(select(Job.id).where(Job.id == job_id).with_for_update())  # job rows first
+        unit = session.get(WorkUnit, unit_id)
+        if unit is None or unit.status != UnitStatus.RUNNING or unit.attempts != attempt:
+            return 0
+        closed = T.move(session, t, Request.job_id == job_id, Request.index.in_(indexes), Request.unit_id == unit_id)
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + closed))
+        return closed
+
+    return retrying(ctx.sessions, work)
+
+
 def send_again(ctx: AppContext, unit_id: str, expect: str, attempts: int, cause: str) -> bool:
     """Put a lost unit (running nowhere, or queued with no message) back to queued, only if nothing moved it
     meanwhile (a commit, another sweep); True when this caller did and must send it."""

@@ -1,0 +1,67 @@
+"""Live request counts: what running units report between commits, added to a job's committed counts.
+
+A unit's run rewrites its unit_progress rows at most once a second (runtime.progress). Only rows of the
+unit's current attempt while it runs count: a rerun's earlier attempt is ignored, and once the unit
+commits (done) its figures are in the job's own counts, so the live figures settle onto the committed ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import cast
+
+from sqlalchemy import func, select
+
+from batchinfer.context import AppContext
+from batchinfer.db.models import Job, JobStatus, UnitProgress, UnitStatus, WorkUnit
+
+
+@dataclass(frozen=True)
+class LiveCounts:
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def _sums(*columns):
+    p = UnitProgress
+    return (select(*columns, func.sum(p.completed), func.sum(p.failed), func.sum(p.prompt_tokens),
+                   func.sum(p.completion_tokens), func.sum(p.cached_tokens))
+            .join(WorkUnit, WorkUnit.id == p.unit_id)
+            .where(WorkUnit.status == UnitStatus.RUNNING, WorkUnit.attempts == p.attempt))
+
+
+def live_counts(session, job_ids: list[str]) -> dict[str, LiveCounts]:
+    """Per job, what its running units finished and have not committed yet (absent: nothing)."""
+    if not job_ids:
+        return {}
+    query = _sums(UnitProgress.job_id).where(UnitProgress.job_id.in_(job_ids)).group_by(UnitProgress.job_id)
+    return {job_id: LiveCounts(*(int(v or 0) for v in rest)) for job_id, *rest in session.execute(query)}
+
+
+def live_total(session) -> LiveCounts:
+    """What every running unit finished and has not committed yet (for /metrics)."""
+    return LiveCounts(*(int(v or 0) for v in session.execute(_sums()).one()))
+
+
+def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
+    """The jobs with their running units' figures added to their counts (copies for display; never stored)."""
+    running = [j.id for j in jobs if j.in_progress_at is not None and j.status not in JobStatus.TERMINAL]
+    if not running:
+        return jobs
+    with ctx.sessions() as session:
+        live = live_counts(session, running)
+    return [_plus(job, live[job.id]) if job.id in live else job for job in jobs]
+
+
+def _plus(job: Job, live: LiveCounts) -> Job:
+    # a plain copy of the columns, not a Job: nothing shown here may ever reach the session
+    shown = cast(Job, SimpleNamespace(**{c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs}))
+    shown.completed = (job.completed or 0) + live.completed
+    shown.failed = (job.failed or 0) + live.failed
+    shown.prompt_tokens = (job.prompt_tokens or 0) + live.prompt_tokens
+    shown.completion_tokens = (job.completion_tokens or 0) + live.completion_tokens
+    shown.cached_tokens = (job.cached_tokens or 0) + live.cached_tokens
+    return shown

@@ -1,0 +1,68 @@
+"""Live counts settle onto the committed ones: a run's live rows count only while it is the unit's running
+attempt, a rerun never shows a request twice, and after the commit the job's own counts are the figures.
+Also the measured engine rates that plan's estimate uses."""
+import pytest
+
+from batchinfer.db.models import EngineRate
+from batchinfer.engine.step_stats import StepStats
+from batchinfer.jobs import engine_rates, service
+from batchinfer.jobs.live import with_live
+from batchinfer.runtime import unit_runner
+from batchinfer.runtime.dispatch import dispatch
+from batchinfer.runtime.progress import UnitWatch
+from jobfiles import completion_line, submit_lines
+
+
+def _shown(ctx, job_id: str) -> tuple[int, int]:
+    job = with_live(ctx, [service.get(ctx, job_id)])[0]
+    return job.completed, job.completion_tokens
+
+
+def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_context, generator):
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)])
+    (unit,) = dispatch(ctx)
+    attempt, to_run, _ = unit_runner._start(ctx, unit.unit_id, "w1")
+    requests = unit_runner._load_requests(ctx, unit.unit_id, to_run)
+    watch = UnitWatch(ctx, unit.unit_id, attempt, requests)
+    records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
+    watch._flush()  # what the watch's thread does once a second
+    tokens = sum(r.completion_tokens for r in records.values())
+    assert _shown(ctx, job.id) == (3, tokens) and service.get(ctx, job.id).completed == 0  # live, not committed
+
+    rerun = unit_runner._start(ctx, unit.unit_id, "w2")  # the unit is taken over: attempt 2 starts afresh
+    assert rerun is not None and rerun[0] == attempt + 1
+    assert _shown(ctx, job.id) == (0, 0)  # the first attempt's figures no longer count
+    watch._flush()  # a late write of the old attempt changes nothing
+    assert _shown(ctx, job.id) == (0, 0)
+
+    outcome = unit_runner._commit(ctx, unit.unit_id, "units/r.jsonl", records)
+    assert outcome.committed and _shown(ctx, job.id) == (3, tokens) == (service.get(ctx, job.id).completed, tokens)
+
+
+def test_a_units_run_records_its_measured_rates_for_the_estimate(make_context, generator):
+    ctx = make_context()
+    assert engine_rates.measured(ctx, ctx.settings.model_id).source.startswith("assumed")
+    submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=4) for i in range(2)])
+    (unit,) = dispatch(ctx)
+    assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
+    rate = engine_rates.measured(ctx, ctx.settings.model_id, [engine_rates.machine_name()])
+    assert rate.source == f"measured on {engine_rates.machine_name()} (1 unit run there)"
+    assert rate.prefill_tokens_per_s > 0 and rate.decode_s(steps=4, tokens=8) > 0
+    elsewhere = engine_rates.measured(ctx, ctx.settings.model_id, ["another-host"])
+    assert "another machine" in elsewhere.source
+
+
+@pytest.mark.fast
+def test_a_decode_steps_cost_is_fitted_from_the_sums_alone():
+    steps = StepStats()
+    for b in (1, 4, 4, 16, 32, 64):  # t = 0.02 + 0.003 * b, exactly
+        steps.decode_steps += 1
+        steps.decode_tokens += b
+        steps.decode_s += 0.02 + 0.003 * b
+        steps.decode_tokens_sq += b * b
+        steps.decode_token_s += b * (0.02 + 0.003 * b)
+    row = EngineRate(**{name: float(getattr(steps, name)) for name in engine_rates.SUMS})
+    assert engine_rates.fit_decode(row) == pytest.approx((0.02, 0.003))
+    one_size = EngineRate(decode_steps=3.0, decode_tokens=12.0, decode_s=0.3, decode_tokens_sq=48.0, decode_token_s=1.2)
+    assert engine_rates.fit_decode(one_size) == pytest.approx((0.1, 0.0))  # one batch size: a per-step cost
