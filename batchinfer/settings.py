@@ -9,23 +9,38 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MODEL_ID = "smollm2-135m-instruct"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an organization (cache scope) name, in full
 
 
-def parse_duration(text: str | int | float) -> float:
-    """'24h', '30m', '90s', '2d' or a number of seconds -> seconds."""
+MAX_DURATION_CHARS = 32  # longer text is refused before it is looked at
+
+
+def parse_duration(text: str | int | float, max_s: float | None = None) -> float:
+    """'24h', '30m', '90s', '2d' or a number of seconds -> seconds; at most max_s when given.
+    A scan in one pass over at most MAX_DURATION_CHARS characters: no regex to backtrack."""
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
-        match = _DURATION.match(text)
-        if not match:
-            raise ValueError(f"invalid duration {text!r} (use e.g. 24h, 30m, 90s)")
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
+        seconds = _scan_duration(text)
+    if not seconds > 0:
+        raise ValueError(f"duration must be positive, got {str(text)[:40]!r}")
+    if max_s is not None and seconds > max_s:
+        raise ValueError(f"duration {str(text)[:40]!r} is over the limit of {max_s:.0f} s")
     return seconds
+
+
+def _scan_duration(text: str) -> float:
+    problem = ValueError(f"invalid duration {text[:40]!r} (use e.g. 24h, 30m, 90s)")
+    if len(text) > MAX_DURATION_CHARS:
+        raise problem
+    body = text.strip()
+    unit = body[-1:] if body[-1:] in _UNIT_SECONDS else ""
+    number = body[:len(body) - len(unit)].rstrip()
+    whole, _, fraction = number.partition(".")
+    if not (whole.isascii() and whole.isdigit()) or ("." in number and not (fraction.isascii() and fraction.isdigit())):
+        raise problem
+    return float(number) * _UNIT_SECONDS[unit]
 
 
 class Settings(BaseSettings):
@@ -55,6 +70,7 @@ class Settings(BaseSettings):
     max_requests_per_unit: int = 64
     max_tokens_per_unit: int = 65536
     completion_window: str = "24h"
+    max_completion_window: str = "30d"  # the longest completion_window a batch may ask for
     dispatch_countdown_s: float = 1.0
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None
@@ -100,7 +116,7 @@ class Settings(BaseSettings):
             raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer' or 'hf', got {value!r}")
         return value
 
-    @field_validator("completion_window")
+    @field_validator("completion_window", "max_completion_window")
     @classmethod
     def _window(cls, value: str) -> str:
         parse_duration(value)
@@ -136,6 +152,10 @@ class Settings(BaseSettings):
     @property
     def completion_window_s(self) -> float:
         return parse_duration(self.completion_window)
+
+    @property
+    def max_completion_window_s(self) -> float:
+        return parse_duration(self.max_completion_window)
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -59,7 +59,7 @@ def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(contex
     if spec.endpoint not in ENDPOINTS:
         raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", "unsupported_endpoint", "endpoint")
     try:
-        parse_duration(spec.completion_window)
+        parse_duration(spec.completion_window, ctx.settings.max_completion_window_s)
     except ValueError as exc:
         raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
     upload = _input_file(ctx, owner, spec.input_file_id)

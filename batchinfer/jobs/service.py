@@ -54,7 +54,10 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     model = model or settings.model_id
     if model != settings.model_id:
         raise InvalidRequest(f"model_not_found: model {shown(model)} is not served here (use {settings.model_id!r})")
-    window = parse_duration(completion_window or settings.completion_window)
+    try:
+        window = parse_duration(completion_window or settings.completion_window, settings.max_completion_window_s)
+    except ValueError as exc:
+        raise InvalidRequest(f"invalid_completion_window: {exc}") from None
     webhook_url = (metadata or {}).get(webhook_events.METADATA_KEY)
     if webhook_url:
         webhook_events.check_url(webhook_url)
