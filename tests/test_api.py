@@ -111,7 +111,9 @@ def test_upload_create_poll_content_and_metrics(api):
     assert all(o["metrics"]["ttft_s"] >= 0 for o in out)
     groups = httpx.get(f"{api[0]}/v1/batches/{batch.id}/prefix_groups", headers={"Authorization": f"Bearer {c.api_key}"})
     assert sum(g["requests"] for g in groups.json()["data"]) == 2
-    metrics = httpx.get(f"{api[0]}/metrics").text
+    assert httpx.get(f"{api[0]}/metrics").status_code == 401  # operators only
+    admin = json.loads(batchinfer(api[1], "keys", "create", "--name", "ops", "--admin", "--json").stdout)["key"]
+    metrics = httpx.get(f"{api[0]}/metrics", headers={"Authorization": f"Bearer {admin}"}).text
     assert 'batchinfer_batches{status="completed"}' in metrics and "batchinfer_http_request_duration_seconds" in metrics
     assert 'batchinfer_tokens{kind="prompt"}' in metrics and "batchinfer_queue_depth" in metrics
 

@@ -18,6 +18,7 @@ from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
 from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.user_text import has_control
 from batchinfer.settings import parse_duration
 
 router = APIRouter(prefix="/v1/batches")
@@ -46,6 +47,8 @@ class CreateBatch(BaseModel):
             raise ValueError("at most 16 metadata pairs")
         if any(len(k) > 64 or len(v) > 512 for k, v in value.items()):
             raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        if any(has_control(k) or has_control(v) for k, v in value.items()):
+            raise ValueError("metadata keys and values may hold no control characters")
         return value
 
 
