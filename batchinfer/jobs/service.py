@@ -15,6 +15,7 @@ from batchinfer.db.session import retrying, transaction
 from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, excerpt, one_line, shown
 from batchinfer.settings import Settings, parse_duration
+from batchinfer.jobs.webhook_target import check_url
 from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 
 INSERT_BATCH = 1000
@@ -60,7 +61,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
         raise InvalidRequest(f"invalid_completion_window: {exc}") from None
     webhook_url = (metadata or {}).get(webhook_events.METADATA_KEY)
     if webhook_url:
-        webhook_events.check_url(webhook_url)
+        check_url(webhook_url, settings.webhook_allow_private)
     fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
     now = now or time.time()
     job_id = new_job_id()
