@@ -30,8 +30,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   redoc_url=None, openapi_url="/openapi.json" if docs else None)
     app.state.ctx, app.state.work = ctx, WorkQueue(ctx)
     errors.install(app)
-    metrics.install(app, ctx)
-    app.add_middleware(Guard, ctx=ctx)  # added last: the outermost, before any body is read
+    app.add_middleware(Guard, ctx=ctx)  # outside FastAPI: before any body is read
+    metrics.install(app, ctx)  # its timing wraps the guard: refusals are counted too
 
     @app.get("/health", include_in_schema=False)
     def health() -> dict:

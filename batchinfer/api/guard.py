@@ -143,7 +143,8 @@ class Guard:
             return None, None, None
         key = await run_in_threadpool(tenants.authenticate, self.ctx, secret) if secret else None
         if key is None:
-            self.failures.take(client)
+            if secret:  # a wrong guess (a missing key costs no lookup)
+                self.failures.take(client)
             return _refusal(*(INVALID if secret else MISSING)), None, None
         if path == "/metrics" and not key.is_admin:
             return _refusal(403, "Only an admin key or the metrics token reads /metrics.", "not_admin"), None, None
