@@ -283,3 +283,20 @@ def test_failed_authentications_are_throttled_per_address(server):  # finding 6;
     assert codes[0] == 401 and codes[-1] == 429
     throttled = httpx.get(f"{server[0]}/v1/batches", headers={"Authorization": "Bearer sk-bi-guess"})
     assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+
+
+def test_an_estimate_of_a_file_deleted_while_it_waited_names_no_server_path(make_context):  # finding 10
+    """The worker's side of POST /v1/batches/estimate (store_estimate), on local storage: the API answers
+    with the stored error as it is."""
+    import io
+
+    from batchinfer.jobs import files
+    from batchinfer.runtime.preview import estimate_key, store_estimate
+
+    ctx = make_context()
+    view = files.upload(ctx, "owner", io.BytesIO((chat_line("a", "Hi") + "\n").encode()), "in.jsonl")
+    files.delete(ctx, "owner", view.id)
+    store_estimate(ctx, "e1", view.storage_key, [])
+    with ctx.storage.open_read(estimate_key("e1")) as stream:
+        error = json.loads(stream.read())["error"]
+    assert "gone" in error and "/" not in error and "Error" not in error and str(ctx.settings.data_dir) not in error
