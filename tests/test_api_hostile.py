@@ -243,6 +243,13 @@ def test_filenames_with_control_characters_are_refused(server, filename):  # fin
     assert httpx.get(f"{server[0]}/v1/files", headers=auth).json()["data"] == []
 
 
+def test_ids_and_cursors_with_nul_are_refused_before_postgresql(server):
+    auth = new_key(server)
+    for path in ("/v1/batches/batch_%00", "/v1/files/file-%00x", "/v1/files?after=%00", "/v1/batches?after=a%00"):
+        answer = httpx.get(server[0] + path, headers=auth)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_url", path
+
+
 def test_metadata_with_control_characters_is_refused(server):
     auth = new_key(server)
     file_id = upload(server, auth, [chat_line("a", "Hi", max_tokens=1)]).json()["id"]

@@ -6,6 +6,7 @@ authentications are throttled per client address."""
 from __future__ import annotations
 
 import hmac
+from urllib.parse import unquote
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
@@ -19,6 +20,7 @@ from batchinfer.api.limits import Buckets, InFlight
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.jobs import tenants
+from batchinfer.jobs.user_text import has_control
 
 SECURITY_HEADERS = [(b"content-security-policy", b"default-src 'self'"), (b"x-frame-options", b"DENY"),
                     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
@@ -126,6 +128,9 @@ class Guard:
     async def _admit(self, scope: Scope) -> tuple[JSONResponse | None, str | None, ApiKey | None]:
         """(a refusal or None, the in-flight kind of the request, its key)."""
         path = scope["path"]
+        if has_control(path) or has_control(unquote(scope.get("query_string", b"").decode("latin-1"))):
+            # an id or cursor with NUL would reach PostgreSQL, which cannot hold it
+            return _refusal(400, "The URL holds control characters.", "invalid_url"), None, None
         if path != "/metrics" and not path.startswith("/v1/"):
             return None, None, None  # the health check and the dashboard's static files
         headers = Headers(scope=scope)
