@@ -20,7 +20,7 @@ from jobfiles import chat_line
 from processes import free_port, start_cli, stop
 
 MAX_FILE_BYTES = 2_000_000  # over Starlette's 1 MB in-memory spool: an upload reaches the disk
-REQUESTS_PER_MIN = 60
+REQUESTS_PER_MIN = 30
 CONCURRENT_ESTIMATES = 2
 AUTH_FAILURES_PER_MIN = 20
 METRICS_TOKEN = "metrics-" + uuid.uuid4().hex
@@ -261,7 +261,9 @@ def test_metadata_with_control_characters_is_refused(server):
 
 def test_a_flood_from_one_key_gets_429_with_retry_after_and_others_are_served(server):  # finding 6
     flooder, other = new_key(server), new_key(server)
-    answers = [httpx.get(f"{server[0]}/v1/models", headers=flooder) for _ in range(REQUESTS_PER_MIN + 5)]
+    with cf.ThreadPoolExecutor(8) as pool:  # 4 times the bucket: more than a slow machine refills meanwhile
+        answers = list(pool.map(lambda _: httpx.get(f"{server[0]}/v1/models", headers=flooder, timeout=30),
+                                range(4 * REQUESTS_PER_MIN)))
     limited = [a for a in answers if a.status_code == 429]
     assert limited and all(int(a.headers["retry-after"]) >= 1 for a in limited)
     assert limited[0].json()["error"]["type"] == "rate_limit_error"
@@ -285,11 +287,15 @@ def test_estimates_of_one_key_in_flight_are_bounded(server):
 
 
 def test_failed_authentications_are_throttled_per_address(server):  # finding 6; last: it spends this address's budget
-    codes = [httpx.get(f"{server[0]}/v1/batches", headers={"Authorization": "Bearer sk-bi-guess"}).status_code
-             for _ in range(AUTH_FAILURES_PER_MIN + 5)]
-    assert codes[0] == 401 and codes[-1] == 429
-    throttled = httpx.get(f"{server[0]}/v1/batches", headers={"Authorization": "Bearer sk-bi-guess"})
-    assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+    def guess(_: int) -> httpx.Response:
+        return httpx.get(f"{server[0]}/v1/batches", headers={"Authorization": "Bearer sk-bi-guess"}, timeout=30)
+
+    with cf.ThreadPoolExecutor(8) as pool:  # 3 times the bucket: more than a slow machine refills meanwhile
+        answers = list(pool.map(guess, range(3 * AUTH_FAILURES_PER_MIN)))
+    throttled = [a for a in answers if a.status_code == 429]
+    assert {a.status_code for a in answers} == {401, 429}
+    assert all(int(a.headers["retry-after"]) >= 1 for a in throttled)
+    assert {a.json()["error"]["code"] for a in throttled} == {"too_many_auth_failures"}
 
 
 def test_an_estimate_of_a_file_deleted_while_it_waited_names_no_server_path(make_context):  # finding 10
