@@ -9,23 +9,38 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MODEL_ID = "smollm2-135m-instruct"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an organization (cache scope) name, in full
 
 
-def parse_duration(text: str | int | float) -> float:
-    """'24h', '30m', '90s', '2d' or a number of seconds -> seconds."""
+MAX_DURATION_CHARS = 32  # longer text is refused before it is looked at
+
+
+def parse_duration(text: str | int | float, max_s: float | None = None) -> float:
+    """'24h', '30m', '90s', '2d' or a number of seconds -> seconds; at most max_s when given.
+    A scan in one pass over at most MAX_DURATION_CHARS characters: no regex to backtrack."""
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
-        match = _DURATION.match(text)
-        if not match:
-            raise ValueError(f"invalid duration {text!r} (use e.g. 24h, 30m, 90s)")
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
+        seconds = _scan_duration(text)
+    if not seconds > 0:
+        raise ValueError(f"duration must be positive, got {str(text)[:40]!r}")
+    if max_s is not None and seconds > max_s:
+        raise ValueError(f"duration {str(text)[:40]!r} is over the limit of {max_s:.0f} s")
     return seconds
+
+
+def _scan_duration(text: str) -> float:
+    problem = ValueError(f"invalid duration {text[:40]!r} (use e.g. 24h, 30m, 90s)")
+    if len(text) > MAX_DURATION_CHARS:
+        raise problem
+    body = text.strip()
+    unit = body[-1:] if body[-1:] in _UNIT_SECONDS else ""
+    number = body[:len(body) - len(unit)].rstrip()
+    whole, _, fraction = number.partition(".")
+    if not (whole.isascii() and whole.isdigit()) or ("." in number and not (fraction.isascii() and fraction.isdigit())):
+        raise problem
+    return float(number) * _UNIT_SECONDS[unit]
 
 
 class Settings(BaseSettings):
@@ -56,6 +71,7 @@ class Settings(BaseSettings):
     max_requests_per_unit: int = 64
     max_tokens_per_unit: int = 65536
     completion_window: str = "24h"
+    max_completion_window: str = "30d"  # the longest completion_window a batch may ask for
     dispatch_countdown_s: float = 1.0
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None
@@ -80,10 +96,19 @@ class Settings(BaseSettings):
     access_log: bool = True  # `batchinfer serve`: a line per request on stderr (method, route, status, ms, key id)
     api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
     api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
+    max_json_bytes: int = 64 * 1024  # API: a JSON body past this is cut off and answered 413
+    api_requests_per_min: int = 600  # API: requests per key a minute (a bucket of as many); over it: 429
+    api_concurrent_uploads: int = 2  # API: uploads of one key in flight at once; more: 429
+    api_concurrent_estimates: int = 2  # API: estimates of one key in flight at once; more: 429
+    api_auth_failures_per_min: int = 30  # API: failed authentications per client address a minute; more: 429
+    metrics_token: str | None = None  # GET /metrics answers to this bearer token, or to an admin key
+    api_docs: bool = False  # serve /docs and /openapi.json
+    webhook_allow_private: bool = False  # True: webhooks may go to loopback and private addresses (tests, a LAN)
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
-                     "max_active_batches_per_owner", "kv_block_size")
+                     "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
+                     "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
@@ -111,7 +136,7 @@ class Settings(BaseSettings):
             raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer' or 'hf', got {value!r}")
         return value
 
-    @field_validator("completion_window")
+    @field_validator("completion_window", "max_completion_window")
     @classmethod
     def _window(cls, value: str) -> str:
         parse_duration(value)
@@ -147,6 +172,10 @@ class Settings(BaseSettings):
     @property
     def completion_window_s(self) -> float:
         return parse_duration(self.completion_window)
+
+    @property
+    def max_completion_window_s(self) -> float:
+        return parse_duration(self.max_completion_window)
 
     @property
     def visibility_timeout_s(self) -> int:

@@ -49,7 +49,8 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
     env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url, BATCHINFER_STORAGE_URL=s3_url,
                   BATCHINFER_BROKER_URL=f"{redis_server}/0", BATCHINFER_BROKER_PREFIX=f"bitest-{uuid.uuid4().hex[:8]}:",
                   BATCHINFER_DISPATCH_COUNTDOWN_S="0.5", BATCHINFER_MAX_REQUESTS_PER_UNIT="2",
-                  BATCHINFER_WEBHOOK_SECRET=SERVER_SECRET, BATCHINFER_WEBHOOK_POLL_S="0.5", **s3_server)
+                  BATCHINFER_WEBHOOK_SECRET=SERVER_SECRET, BATCHINFER_WEBHOOK_POLL_S="0.5",
+                  BATCHINFER_WEBHOOK_ALLOW_PRIVATE="true", **s3_server)  # the receiver is on loopback
     assert batchinfer(env, "db", "upgrade").returncode == 0
     name, port = f"w{uuid.uuid4().hex[:6]}", free_port()
     worker = start_cli(env, tmp_path / "worker.log", "worker", "--name", name)

@@ -51,3 +51,10 @@ def test_parse_duration_rejects_nonsense():
         parse_duration("0h")
     with pytest.raises(ValueError):
         parse_duration("a week")
+
+
+@pytest.mark.parametrize("text", ["1" + " " * 30_000 + "!", "1" + " " * 40, "99999999999999999999d", "31d", "1e3",
+                                  "\u0967h", "1.", ""])
+def test_parse_duration_refuses_hostile_text_within_bounds(text):
+    with pytest.raises(ValueError):
+        parse_duration(text, max_s=Settings().max_completion_window_s)

@@ -4,6 +4,7 @@ workers deliver at once."""
 import json
 import threading
 import time
+import uuid
 
 import pytest
 from sqlalchemy import select
@@ -35,7 +36,7 @@ def receiver():
 def pg_context(make_context, postgres_url):
     def make(**overrides):
         return make_context(database_url=postgres_url, webhook_secret=SECRET, webhook_backoff_s=0.2,
-                            webhook_poll_s=0.1, **overrides)
+                            webhook_poll_s=0.1, **{"webhook_allow_private": True, **overrides})  # the receiver is on loopback
     return make
 
 
@@ -137,3 +138,63 @@ def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_c
     assert json.loads(got.body)["type"] == "batch.failed"
     with pytest.raises(WebhookVerificationError):
         verify(SECRET, got.headers, got.body)  # the server's secret is not the key's
+
+
+def _events_to(ctx, urls: list[str], owner: str | None = None) -> list[str]:
+    """Ended batches whose events go to `urls`, written past the creation-time check (as an old row or a
+    receiver whose DNS changed would be): their event ids."""
+    now = time.time()
+    with transaction(ctx.sessions) as session:
+        for url in urls:
+            job = Job(id=f"batch_{uuid.uuid4().hex}", status=JobStatus.COMPLETED, model="m", completion_window_s=60,
+                      created_at=now, expires_at=now + 60, owner_id=owner, metadata_={"webhook_url": url})
+            session.add(job)
+            record_final(session, job, now)
+            now += 0.001  # claimed in this order
+    with ctx.sessions() as session:
+        return [e.id for e in session.scalars(select(WebhookEvent).order_by(WebhookEvent.next_attempt_at))]
+
+
+def test_webhooks_to_addresses_inside_never_leave_the_server(pg_context, receiver):  # finding 9
+    import socket
+
+    port = receiver.url.split(":")[2].split("/")[0]
+    name = socket.gethostname()
+    inside = [f"http://127.0.0.1:{port}/hook", f"http://0x7f000001:{port}/hex", f"http://2130706433:{port}/dec",
+              f"http://[::1]:{port}/", "http://169.254.169.254/latest/meta-data"]
+    if any(info[4][0].startswith("127.") for info in socket.getaddrinfo(name, 80)):
+        inside.append(f"http://{name}:{port}/dns")  # a DNS name that resolves inside
+    ctx = pg_context(webhook_allow_private=False)
+    _events_to(ctx, inside)
+    assert deliver_due(ctx) == 0
+    with ctx.sessions() as session:
+        errors = [e.last_error for e in session.scalars(select(WebhookEvent))]
+    assert len(errors) == len(inside) and all(e.startswith("not sent: ") for e in errors), errors
+    assert receiver.received == []
+    for url in inside[:3]:
+        with pytest.raises(InvalidRequest, match="not a public address"):
+            submit_lines(ctx, [completion_line("a", "x")], metadata={"webhook_url": url})
+
+
+def test_an_event_that_cannot_be_sent_fails_alone_and_never_blocks_others(pg_context, receiver):  # finding 7
+    ctx = pg_context(webhook_max_age_s=0.5)
+    bad, good = _events_to(ctx, [receiver.url.replace("/hook", "/a b"), receiver.url], owner=None)
+    assert deliver_due(ctx) == 1
+    assert [json.loads(r.body)["id"] for r in receiver.acknowledged()] == [good]
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        deliver_due(ctx)
+        with ctx.sessions() as session:
+            event = session.get(WebhookEvent, bad)
+        if event.status == "failed":
+            break
+        time.sleep(0.1)
+    assert event.status == "failed" and event.last_error.startswith("no answer")
+    assert len(receiver.received) == 1
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a b", "http://example.com/\nX-Injected: 1",
+                                 "http://example.com/\x00", "http://example.com:99999/", "http://[::1/"])
+def test_webhook_urls_that_cannot_be_sent_are_refused_at_submit(pg_context, url):  # findings 7 and 12
+    with pytest.raises(InvalidRequest, match="invalid webhook URL"):
+        submit_lines(pg_context(), [completion_line("a", "x")], metadata={"webhook_url": url})

@@ -8,6 +8,7 @@ from fastapi import Depends, FastAPI
 
 from batchinfer.api import access_log, anthropic_batches, batches, dashboard, errors, files, metrics, retry
 from batchinfer.api.auth import api_key
+from batchinfer.api.guard import Guard
 from batchinfer.api.work import WorkQueue
 from batchinfer.context import AppContext
 from batchinfer.settings import Settings, get_settings
@@ -24,10 +25,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         app.state.work.close()
 
-    app = FastAPI(title="batchinfer", version="0.1.0", lifespan=lifespan)
+    docs = settings.api_docs  # off by default: the API's shape is OpenAI's, documented there and in README.md
+    app = FastAPI(title="batchinfer", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url=None, openapi_url="/openapi.json" if docs else None)
     app.state.ctx, app.state.work = ctx, WorkQueue(ctx)
     errors.install(app)
-    metrics.install(app, ctx)
+    app.add_middleware(Guard, ctx=ctx)  # outside FastAPI: before any body is read
+    metrics.install(app, ctx)  # its timing wraps the guard: refusals are counted too
     if settings.access_log:
         access_log.install(app)
 

@@ -14,9 +14,10 @@ from batchinfer.context import AppContext
 from batchinfer.jobs import files
 from batchinfer.jobs.files import FileTooLarge, FileView
 from batchinfer.api.merged_content import merged_content
+from batchinfer.jobs.user_text import has_control
 
 router = APIRouter(prefix="/v1/files")
-MULTIPART_OVERHEAD = 64 * 1024  # boundaries and the purpose field around the file part
+MAX_FILENAME = 255
 
 
 def file_object(view: FileView) -> dict:
@@ -27,19 +28,20 @@ def file_object(view: FileView) -> dict:
 
 @router.post("")
 async def upload(request: Request, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
-    limit = ctx.settings.max_file_bytes
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > limit + MULTIPART_OVERHEAD:
-        raise APIError(413, f"The file is over the {limit}-byte limit.", "file_too_large", "file")
-    # Starlette spools the part to a temporary file (1 MB in memory at most); we stream it on to storage.
+    # The guard has cut the body at max_file_bytes + its multipart envelope. Starlette spools the part to a
+    # temporary file (1 MB in memory at most); we stream it on to storage.
     form = await request.form(max_files=1, max_fields=4)
-    purpose, upload_file = form.get("purpose"), form.get("file")
-    if purpose != "batch":
-        raise APIError(400, "purpose must be 'batch'.", "invalid_purpose", "purpose")
-    if upload_file is None or isinstance(upload_file, str):
-        raise APIError(400, "A file part named 'file' is required.", "missing_file", "file")
     try:
-        view = await run_in_threadpool(files.upload, ctx, owner, upload_file.file, upload_file.filename or "upload.jsonl")
+        purpose, upload_file = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise APIError(400, "purpose must be 'batch'.", "invalid_purpose", "purpose")
+        if upload_file is None or isinstance(upload_file, str):
+            raise APIError(400, "A file part named 'file' is required.", "missing_file", "file")
+        filename = upload_file.filename or "upload.jsonl"
+        if len(filename) > MAX_FILENAME or has_control(filename):
+            raise APIError(400, f"filename must be at most {MAX_FILENAME} characters with no control characters.",
+                           "invalid_filename", "file")
+        view = await run_in_threadpool(files.upload, ctx, owner, upload_file.file, filename)
     except FileTooLarge as exc:
         raise APIError(413, str(exc).split(": ", 1)[-1], "file_too_large", "file") from exc
     finally:

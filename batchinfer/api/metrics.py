@@ -1,13 +1,15 @@
 """GET /metrics (Prometheus): batches by status, requests and tokens from SQL at scrape time, queue depth and
-throughput per worker from the registry, and HTTP latency."""
+throughput per worker from the registry, and HTTP latency. For operators only: an admin key or
+BATCHINFER_METRICS_TOKEN (api/guard.py)."""
 from __future__ import annotations
 
 import time
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job
@@ -64,19 +66,41 @@ class _JobCollector:
         yield rate
 
 
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})  # any other: "other"
+
+
+class _Timing:
+    """HTTP latency by method, route template and status: labels from a closed set, whatever a client sends."""
+
+    def __init__(self, app: ASGIApp, latency: Histogram):
+        self.app, self.latency = app, latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            route = getattr(scope.get("route"), "path", None) or "other"  # a template of our own routes
+            self.latency.labels(method, route, str(status[0])).observe(time.perf_counter() - started)
+
+
 def install(app: FastAPI, ctx: AppContext) -> None:
+    """GET /metrics; the guard lets through only an admin key or the metrics token."""
     registry = CollectorRegistry()
     registry.register(_JobCollector(ctx))
     latency = Histogram("batchinfer_http_request_duration_seconds", "HTTP request latency",
                         ["method", "route", "status"], registry=registry)
-
-    @app.middleware("http")
-    async def _time(request: Request, call_next):
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        latency.labels(request.method, route, str(response.status_code)).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(_Timing, latency=latency)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

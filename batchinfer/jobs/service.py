@@ -45,7 +45,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     If storing `source` fails, the job is failed at once naming the cause, and the error is raised."""
     model = submission.check_model(ctx, model)
     window = submission.completion_window_s(ctx, completion_window)
-    metadata = submission.check_metadata(metadata)
+    metadata = submission.check_metadata(ctx, metadata)
     submission.check_active_limit(ctx, fields.get("owner_id"))
     fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
     now = now or time.time()

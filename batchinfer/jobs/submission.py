@@ -8,6 +8,8 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import InvalidRequest, TooManyActive, shown
 from batchinfer.jobs import webhook_events
+from batchinfer.jobs.user_text import has_control
+from batchinfer.jobs.webhook_target import check_url
 from batchinfer.settings import parse_duration
 
 MAX_METADATA_PAIRS = 16
@@ -24,12 +26,12 @@ def check_model(ctx: AppContext, model: str | None) -> str:
 
 def completion_window_s(ctx: AppContext, window: str | None) -> float:
     try:
-        return parse_duration(window or ctx.settings.completion_window)
+        return parse_duration(window or ctx.settings.completion_window, ctx.settings.max_completion_window_s)
     except ValueError as exc:
         raise InvalidRequest(f"invalid_completion_window: {exc}") from None
 
 
-def check_metadata(metadata: dict | None) -> dict:
+def check_metadata(ctx: AppContext, metadata: dict | None) -> dict:
     metadata = dict(metadata or {})
     if len(metadata) > MAX_METADATA_PAIRS:
         raise InvalidRequest(f"invalid_metadata: at most {MAX_METADATA_PAIRS} metadata pairs, got {len(metadata)}")
@@ -39,9 +41,11 @@ def check_metadata(metadata: dict | None) -> dict:
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
             raise InvalidRequest(f"invalid_metadata: metadata keys are at most {MAX_METADATA_KEY} characters and "
                                  f"values at most {MAX_METADATA_VALUE} ({shown(key)})")
+        if has_control(key) or has_control(value):
+            raise InvalidRequest(f"invalid_metadata: metadata keys and values may hold no control characters ({shown(key)})")
     webhook_url = metadata.get(webhook_events.METADATA_KEY)
     if webhook_url:
-        webhook_events.check_url(webhook_url)
+        check_url(webhook_url, ctx.settings.webhook_allow_private)
     return metadata
 
 

@@ -13,7 +13,7 @@ from batchinfer.db.models import ApiKey
 from batchinfer.db.session import transaction
 from batchinfer.errors import BatchInferError
 from batchinfer.jobs.scopes import check_org
-from batchinfer.jobs.webhook_events import check_url
+from batchinfer.jobs.webhook_target import check_url
 from batchinfer.jobs.webhook_signing import new_secret
 
 KEY_PREFIX = "sk-bi-"
@@ -30,7 +30,7 @@ def create_key(ctx: AppContext, name: str, webhook_url: str | None = None, admin
     org shares its cache scope with the org's other keys (jobs.scopes); without one it has its own."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time(),
-                 webhook_url=check_url(webhook_url) if webhook_url else None,
+                 webhook_url=check_url(webhook_url, ctx.settings.webhook_allow_private) if webhook_url else None,
                  webhook_secret=new_secret() if webhook_url else None, is_admin=admin,
                  org=check_org(org) if org else None)
     with transaction(ctx.sessions) as session:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -17,7 +15,9 @@ from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
 from batchinfer.db.session import transaction
 from batchinfer.jobs.faults import is_transient
 from batchinfer.errors import one_line
+from batchinfer.jobs import webhook_http
 from batchinfer.jobs.webhook_signing import headers
+from batchinfer.jobs.webhook_target import UnsafeTarget
 
 log = logging.getLogger(__name__)
 CLAIM_BATCH = 20
@@ -31,14 +31,6 @@ class Claim:
     body: str
     attempts: int
     created_at: float
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):  # a redirect is an answer, not a 2xx: retry later
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirect)
 
 
 def claim_due(ctx: AppContext, now: float, limit: int = CLAIM_BATCH) -> list[Claim]:
@@ -66,16 +58,15 @@ def signing_secret(ctx: AppContext, owner_id: str | None) -> str | None:
     return ctx.settings.webhook_secret
 
 
-def post(url: str, body: bytes, hdrs: dict[str, str], timeout: float) -> int:
-    """The receiver's HTTP status (0: no answer)."""
-    request = urllib.request.Request(url, data=body, headers=hdrs, method="POST")
+def post(ctx: AppContext, claim: Claim, body: bytes, hdrs: dict[str, str]) -> tuple[int, str]:
+    """(the receiver's HTTP status, or 0 and why there was none)."""
+    s = ctx.settings
     try:
-        with _opener.open(request, timeout=timeout) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return 0
+        return webhook_http.post(claim.url, body, hdrs, s.webhook_timeout_s, s.webhook_allow_private), ""
+    except UnsafeTarget as exc:
+        return 0, f"not sent: {exc}"
+    except Exception as exc:  # a URL that cannot be sent, a refused connection, a timeout: this event's failure
+        return 0, f"no answer ({one_line(exc)[:200]})"
 
 
 def deliver(ctx: AppContext, claim: Claim) -> bool:
@@ -84,10 +75,10 @@ def deliver(ctx: AppContext, claim: Claim) -> bool:
         _record_failure(ctx, claim, "no signing secret: set BATCHINFER_WEBHOOK_SECRET or the key's webhook")
         return False
     body = claim.body.encode()
-    status = post(claim.url, body, headers(secret, claim.id, body), ctx.settings.webhook_timeout_s)
+    status, why = post(ctx, claim, body, headers(secret, claim.id, body))
     if 200 <= status < 300:
         return _record_success(ctx, claim)
-    _record_failure(ctx, claim, f"HTTP {status}" if status else "no answer (connection failed or timed out)")
+    _record_failure(ctx, claim, f"HTTP {status}" if status else why)
     return False
 
 
@@ -109,14 +100,25 @@ def _record_failure(ctx: AppContext, claim: Claim, error: str) -> None:
     with transaction(ctx.sessions) as session:  # only the latest claimant writes (a stale lease does not)
         session.execute(update(WebhookEvent).where(WebhookEvent.id == claim.id, WebhookEvent.attempts == claim.attempts,
                                                    WebhookEvent.status == WebhookStatus.PENDING).values(**values))
-    log.log(logging.ERROR if gave_up else logging.INFO, "webhook %s to %s: %s (attempt %d%s)", claim.id, claim.url,
+    log.log(logging.ERROR if gave_up else logging.INFO, "webhook %s to %r: %s (attempt %d%s)", claim.id, claim.url,
             error, claim.attempts, ", giving up" if gave_up else f", retry in {delay:.0f} s")
 
 
 def deliver_due(ctx: AppContext, now: float | None = None) -> int:
     """One pass: deliver every event that is due now; the number delivered."""
     claims = claim_due(ctx, time.time() if now is None else now)
-    return sum(deliver(ctx, c) for c in claims)
+    return sum(_deliver_alone(ctx, c) for c in claims)
+
+
+def _deliver_alone(ctx: AppContext, claim: Claim) -> bool:
+    """One event's trouble stays its own: the others of the pass are delivered all the same."""
+    try:
+        return deliver(ctx, claim)
+    except Exception as exc:
+        if is_transient(exc):
+            raise  # the database is down: the whole pass waits for the next tick
+        log.warning("webhook %s could not be delivered: %s", claim.id, one_line(exc))
+        return False
 
 
 class DeliveryLoop:

@@ -1,10 +1,12 @@
 """`batchinfer plan FILE` / `submit --dry-run`: what a file would cost, before anything runs."""
 from __future__ import annotations
 
+import logging
 from typing import BinaryIO
 
 from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
+from batchinfer.errors import one_line
 from batchinfer.jobs.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
 from batchinfer.planner.estimate import decode_steps
@@ -12,6 +14,7 @@ from batchinfer.jobs.job_validation import validation_limits
 from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
 
+log = logging.getLogger(__name__)
 
 def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
             workers: list[WorkerState]) -> tuple[PlanEstimate, ValidationReport]:
@@ -51,12 +54,22 @@ def estimate_file(ctx: AppContext, input_key: str, workers: list[WorkerState]) -
         return summary(ctx, source, workers)
 
 
+def _exists(ctx: AppContext, key: str) -> bool:
+    try:
+        return ctx.storage.exists(key)
+    except Exception:  # storage down: not known to be gone
+        return True
+
+
 def store_estimate(ctx: AppContext, estimate_id: str, input_key: str, workers: list[WorkerState]) -> None:
     import io
     import json
 
     try:
         result = estimate_file(ctx, input_key, workers)
-    except Exception as exc:  # the API reports it; the worker goes on
-        result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    except Exception as exc:  # the API reports it (no paths or class names: those stay in this log); the worker goes on
+        gone = not _exists(ctx, input_key)
+        log.log(logging.INFO if gone else logging.WARNING, "estimate %s failed: %s", estimate_id, one_line(exc))
+        result = {"error": "the input file is gone (deleted while its estimate waited)" if gone
+                  else "the estimate failed on the worker; its log has the cause"}
     ctx.storage.upload(estimate_key(estimate_id), io.BytesIO(json.dumps(result).encode()))
