@@ -26,11 +26,13 @@ class LLMEngine:
         self.max_model_len: int = min(self.config.max_model_len or hf_config.max_position_embeddings,
                                  hf_config.max_position_embeddings)
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
-        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights)
+        eos = eos_token_ids(loaded)
+        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights,
+                                  frozenset(eos))
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.stop_checker = StopChecker(self.tokenizer, eos_token_ids(loaded), self.max_model_len)
+        self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
 
     @classmethod
@@ -159,6 +161,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         first_scheduled_time=seq.first_scheduled_time,
         first_token_time=seq.first_token_time,
         last_token_time=seq.last_token_time,
+        logprobs=list(seq.logprobs) if seq.sampling.logprobs is not None else None,
     )
 
 

@@ -20,6 +20,8 @@ class StopChecker:
         p = seq.sampling
         if not p.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
             return "stop"
+        if seq.token_ids[-1] in p.stop_token_ids:
+            return "stop"
         if p.stop and self._hit_stop_string(seq):
             return "stop"
         if seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:

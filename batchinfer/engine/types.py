@@ -14,6 +14,13 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
+    presence_penalty: float = 0.0  # OpenAI: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # vLLM: a token in prompt or output has its logit divided (> 0) or multiplied
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    min_tokens: int = 0  # EOS and stop_token_ids masked until this many tokens are out
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -24,7 +31,19 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         self.stop = tuple(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}  # JSON keys arrive as strings
+
+    @property
+    def penalized(self) -> bool:
+        """True when the logits need this row's penalties, biases or masks before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -37,6 +56,15 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float | None = None  # wall clock (time.time()); set by add_request when None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's logprob and the most likely alternatives at its position (ids, logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -52,6 +80,7 @@ class GenerationResult:
     first_token_time: float
     last_token_time: float
     error: str | None = None  # set (finish_reason "error") when the engine could not run this request
+    logprobs: list[TokenLogprob] | None = None  # one per output token when the request asked for logprobs
 
     @classmethod
     def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":
