@@ -161,7 +161,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         first_scheduled_time=seq.first_scheduled_time,
         first_token_time=seq.first_token_time,
         last_token_time=seq.last_token_time,
-        logprobs=list(seq.logprobs) if seq.sampling.logprobs is not None else None,
+        logprobs=[stop_checker.with_bytes(e) for e in seq.logprobs] if seq.sampling.logprobs is not None else None,
     )
 
 

@@ -60,11 +60,14 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One output token's logprob and the most likely alternatives at its position (ids, logprobs)."""
+    """One output token's logprob and the most likely alternatives at its position (ids, logprobs); the bytes
+    of each (what the OpenAI shapes report) are filled when the result is built."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    token_bytes: bytes = b""
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass

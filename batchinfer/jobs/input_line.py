@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
@@ -21,6 +22,9 @@ ROLES = get_args(Role)
 MAX_STOP = 4
 CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1  # signed 64 bits: torch.Generator.manual_seed takes it, and a BIGINT holds it
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+UNSUPPORTED = "absent (this server runs no tools, functions, audio or images)"
 
 
 def _unicode(text: str) -> str:
@@ -35,6 +39,12 @@ def _no_nul(text: str) -> str:
     if "\x00" in text:
         raise PydanticCustomError("invalid_field", "must not contain a NUL character")
     return text
+
+
+def _plain_text_format(value: dict) -> dict:
+    if value.get("type") != "text":
+        raise PydanticCustomError("invalid_field", 'must be {"type": "text"}: structured outputs are not supported yet')
+    return value
 
 
 Text = Annotated[StrictStr, AfterValidator(_unicode)]
@@ -83,6 +93,25 @@ class Sampling(BaseModel):
     stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = Field(
         None, description=f"a non-empty string or a list of up to {MAX_STOP} of them")
     n: Literal[1] = Field(1, description="1 (only n=1 is supported)")
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
+    repetition_penalty: Annotated[Number, Field(gt=0, le=10)] | None = Field(None, description="a number in (0, 10]")
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^\d{1,9}$")], Annotated[Number, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers in [-100, 100]")
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = Field(None, description="an integer >= 0")
+    stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"a list of at most {MAX_LOGIT_BIAS} token ids")
+    ignore_eos: StrictBool | None = Field(None, description="true or false")
+    response_format: Annotated[dict, AfterValidator(_plain_text_format)] | None = Field(
+        None, description='{"type": "text"} (structured outputs are not supported yet)')
+    tools: None = Field(None, description=UNSUPPORTED)
+    tool_choice: None = Field(None, description=UNSUPPORTED)
+    parallel_tool_calls: None = Field(None, description=UNSUPPORTED)
+    functions: None = Field(None, description=UNSUPPORTED)
+    function_call: None = Field(None, description=UNSUPPORTED)
+    audio: None = Field(None, description=UNSUPPORTED)
+    modalities: None = Field(None, description=UNSUPPORTED)
 
     @model_validator(mode="before")
     @classmethod
@@ -98,13 +127,38 @@ class Sampling(BaseModel):
         return SamplingParams(max_tokens=limit if limit is not None else default_max_tokens,
                               temperature=1.0 if self.temperature is None else float(self.temperature),
                               top_p=1.0 if self.top_p is None else float(self.top_p),
-                              top_k=0 if self.top_k in (None, -1) else self.top_k, seed=self.seed, stop=tuple(stop))
+                              top_k=0 if self.top_k in (None, -1) else self.top_k, seed=self.seed, stop=tuple(stop),
+                              logprobs=self.top_logprob_count(),
+                              presence_penalty=float(self.presence_penalty or 0.0),
+                              frequency_penalty=float(self.frequency_penalty or 0.0),
+                              repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+                              logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
+                              min_tokens=self.min_tokens or 0, stop_token_ids=tuple(self.stop_token_ids or ()),
+                              ignore_eos=bool(self.ignore_eos))
+
+    def top_logprob_count(self) -> int | None:
+        """None: no logprobs; k: the sampled token's logprob and the k most likely (each body reads its own fields)."""
+        raise NotImplementedError
 
 
 class ChatBody(Sampling):
     PROMPT_FIELD: ClassVar[str] = "messages"
 
     messages: list[ChatMessage] = Field(min_length=1, description="a non-empty array of messages")
+    logprobs: StrictBool | None = Field(
+        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description=f"an integer in [0, {MAX_TOP_LOGPROBS}], with logprobs: true")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("logprobs") is not True:
+            raise PydanticCustomError("invalid_field", "needs logprobs: true")
+        return value
+
+    def top_logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def prompt_text(self, tokenizer) -> str:
         messages = [m.for_template() for m in self.messages]
@@ -116,6 +170,11 @@ class CompletionBody(Sampling):
 
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)] = Field(
         description="a non-empty string (or a list of one)")
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
+
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
 
     def prompt_text(self, tokenizer) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

@@ -161,7 +161,20 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
         raise _Rejected(("context_length_exceeded",
                          f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
+    _check_token_ids(sampling, len(tokenizer), custom_id)
     return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling)
+
+
+def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:
+    """Token ids the line names must be in the vocabulary; min_tokens must leave room under max_tokens."""
+    for param, ids in (("body.logit_bias", sampling.logit_bias), ("body.stop_token_ids", sampling.stop_token_ids)):
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise _Rejected(("invalid_field", f"{param} names token {outside[0]}, outside the vocabulary "
+                             f"(ids 0 to {vocab_size - 1})", param, custom_id))
+    if sampling.min_tokens > sampling.max_tokens:
+        raise _Rejected(("invalid_field", f"body.min_tokens ({sampling.min_tokens}) is over max_tokens "
+                         f"({sampling.max_tokens})", "body.min_tokens", custom_id))
 
 
 def _decode(raw: bytes) -> dict:
