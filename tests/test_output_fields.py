@@ -57,7 +57,11 @@ def test_the_fields_reach_the_sampling_params_and_survive_the_prepared_file(tiny
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools"),
     ({"parallel_tool_calls": True}, "body.parallel_tool_calls"),
     ({"audio": {"voice": "alloy"}}, "body.audio"),
-    ({"response_format": {"type": "json_object"}}, "body.response_format"),
+    ({"response_format": {"type": "xml"}}, "body.response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}},
+     "body.response_format"),  # a schema the library cannot compile
+    ({"guided_regex": "(", "max_tokens": 4}, "body.guided_regex"),
+    ({"guided_choice": ["a"], "guided_regex": "a+"}, "body.guided_choice"),
 ])
 def test_a_bad_or_unsupported_field_is_an_invalid_field_naming_it(tiny_tokenizer, body, param):
     report, valid = _validate(tiny_tokenizer, body)

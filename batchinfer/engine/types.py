@@ -21,6 +21,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids masked until this many tokens are out
     stop_token_ids: tuple[int, ...] = ()
+    guided: tuple[str, str] | None = None  # (kind, spec) a grammar holds the output to: see engine/grammar.py
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -37,6 +38,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         self.stop = tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids)
+        if self.guided is not None:
+            self.guided = (str(self.guided[0]), str(self.guided[1]))  # JSON gives a list back
         self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}  # JSON keys arrive as strings
 
     @property

@@ -6,6 +6,7 @@ escape could neither be tokenized nor stored.
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
@@ -41,9 +42,13 @@ def _no_nul(text: str) -> str:
     return text
 
 
-def _plain_text_format(value: dict) -> dict:
-    if value.get("type") != "text":
-        raise PydanticCustomError("invalid_field", 'must be {"type": "text"}: structured outputs are not supported yet')
+def _response_format(value: dict) -> dict:
+    kind = value.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise PydanticCustomError("invalid_field", 'needs "type": one of text, json_object, json_schema')
+    spec = value.get("json_schema")
+    if kind == "json_schema" and not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
+        raise PydanticCustomError("invalid_field", 'of type json_schema needs "json_schema": {"name", "schema": {...}}')
     return value
 
 
@@ -103,8 +108,11 @@ class Sampling(BaseModel):
     stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
         None, description=f"a list of at most {MAX_LOGIT_BIAS} token ids")
     ignore_eos: StrictBool | None = Field(None, description="true or false")
-    response_format: Annotated[dict, AfterValidator(_plain_text_format)] | None = Field(
-        None, description='{"type": "text"} (structured outputs are not supported yet)')
+    response_format: Annotated[dict, AfterValidator(_response_format)] | None = Field(
+        None, description='an object {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}')
+    guided_regex: NonEmptyText | None = Field(None, description="a non-empty regular expression")
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"a list of 1 to {MAX_LOGIT_BIAS} non-empty strings")
     tools: None = Field(None, description=UNSUPPORTED)
     tool_choice: None = Field(None, description=UNSUPPORTED)
     parallel_tool_calls: None = Field(None, description=UNSUPPORTED)
@@ -134,7 +142,25 @@ class Sampling(BaseModel):
                               repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
                               logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
                               min_tokens=self.min_tokens or 0, stop_token_ids=tuple(self.stop_token_ids or ()),
-                              ignore_eos=bool(self.ignore_eos))
+                              ignore_eos=bool(self.ignore_eos), guided=self.constraint())
+
+    def constraint(self) -> tuple[str, str] | None:
+        """The grammar the output is held to (engine/grammar.py's (kind, spec)), or None."""
+        fmt = self.response_format or {}
+        if fmt.get("type") == "json_schema":
+            return "json_schema", json.dumps(fmt["json_schema"]["schema"], sort_keys=True)  # one cache entry per schema
+        if fmt.get("type") == "json_object":
+            return "json_object", ""
+        if self.guided_regex is not None:
+            return "regex", self.guided_regex
+        if self.guided_choice is not None:
+            return "choice", json.dumps(self.guided_choice)
+        return None
+
+    def constraints_given(self) -> list[str]:
+        fmt = self.response_format or {}
+        given = ["response_format"] if fmt.get("type") in ("json_object", "json_schema") else []
+        return given + [f for f in ("guided_regex", "guided_choice") if getattr(self, f) is not None]
 
     def top_logprob_count(self) -> int | None:
         """None: no logprobs; k: the sampled token's logprob and the k most likely (each body reads its own fields)."""

@@ -162,7 +162,25 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
                          f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
     _check_token_ids(sampling, len(tokenizer), custom_id)
+    _check_constraint(body, custom_id)
     return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling)
+
+
+def _check_constraint(body: ChatBody | CompletionBody, custom_id: str) -> None:
+    """At most one output constraint, and one the grammar library can compile (found here, at submit time)."""
+    given = body.constraints_given()
+    if len(given) > 1:
+        raise _Rejected(("invalid_field", f"body.{given[1]} cannot be combined with body.{given[0]}",
+                         f"body.{given[1]}", custom_id))
+    constraint = body.constraint()
+    if constraint is None:
+        return
+    from batchinfer.engine.grammar import check_constraint  # the grammar library loads only for lines that need it
+
+    reason = check_constraint(*constraint)
+    if reason is not None:
+        param = f"body.{given[0]}"
+        raise _Rejected(("invalid_field", f"{param} cannot be compiled into a grammar: {excerpt(reason)}", param, custom_id))
 
 
 def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:
