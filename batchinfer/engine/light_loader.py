@@ -39,6 +39,14 @@ class LightTokenizer:
     def __len__(self) -> int:  # as transformers' tokenizers: the vocabulary with its added tokens
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def all_special_ids(self) -> list[int]:
+        return [i for i, t in self._tok.get_added_tokens_decoder().items() if t.special]
+
+    def convert_ids_to_tokens(self, token_id: int) -> str | None:
+        """The token's vocabulary entry (byte-level pieces as they are stored), as transformers' name says."""
+        return self._tok.id_to_token(token_id)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

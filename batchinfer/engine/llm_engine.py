@@ -8,6 +8,7 @@ from pathlib import Path
 from .attention import make_attention_backend
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .grammar import GrammarRunner
 from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
 from .scheduler import Scheduler
@@ -24,11 +25,14 @@ class LLMEngine:
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
         attention = make_attention_backend(self.config.attention_backend, self.config.device)
-        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights)
+        eos = eos_token_ids(loaded)
+        self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
+        self.grammar = GrammarRunner(self.tokenizer, hf_config.vocab_size, frozenset(eos), self.stop_checker.token_bytes)
+        self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights,
+                                  frozenset(eos), self.grammar)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching, self.config.pooling == "last")
         self.scheduler = Scheduler(self.config, self.block_manager)
-        self.stop_checker = StopChecker(self.tokenizer, eos_token_ids(loaded), self.max_model_len)
         self.seqs: dict[str, Sequence] = {}
         self.step_stats = StepStats()
 
@@ -44,6 +48,7 @@ class LLMEngine:
         if req.request_id in self.seqs:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
         self.check_request(req)
+        self.add_grammar(req)
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
                        req.arrival_time if req.arrival_time is not None else now(), req.cache_salt)
         self.seqs[seq.request_id] = seq
@@ -75,6 +80,7 @@ class LLMEngine:
             return None
         self.scheduler.finish(seq, "abort")
         self.runner.sampler.remove(request_id)
+        self.grammar.remove(request_id)
         return aborted_result(seq, self.stop_checker)
 
     def generate(self, requests: Iterable[GenerationRequest],
@@ -128,6 +134,14 @@ class LLMEngine:
             raise ValueError(f"request {req.request_id}: {total} tokens exceed the whole KV cache "
                              f"({self.block_manager.num_blocks} blocks of {self.config.block_size})")
 
+    def add_grammar(self, req: GenerationRequest) -> None:
+        """The request's matcher (its grammar compiled on first sight); a grammar that fails refuses the request."""
+        try:
+            self.grammar.add(req.request_id, req.sampling.guided)
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
+            raise ValueError(f"request {req.request_id}: its output format cannot be compiled "
+                             f"({str(exc).splitlines()[0][:200] if str(exc) else 'no reason given'})") from None
+
     def _mark_scheduled(self, seqs: list[Sequence]) -> None:
         t = now()
         for seq in seqs:
@@ -153,6 +167,7 @@ class LLMEngine:
     def _result(self, seq: Sequence) -> GenerationResult:
         self.seqs.pop(seq.request_id, None)
         self.runner.sampler.remove(seq.request_id)
+        self.grammar.remove(seq.request_id)
         return sequence_result(seq, self.stop_checker)
 
 
@@ -173,6 +188,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         first_token_time=seq.first_token_time,
         last_token_time=seq.last_token_time,
         embedding=seq.embedding,
+        logprobs=[stop_checker.with_bytes(e) for e in seq.logprobs] if seq.sampling.logprobs is not None else None,
     )
 
 

@@ -16,8 +16,11 @@ import torch
 
 from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
+from .grammar import GrammarRunner
 from .int8 import Int8Policy
 from .loader import CausalLM
+from .logits_processors import apply_logits_processors
+from .logprobs import sampled_logprobs
 from .models import build_model
 from .pooler import Pooler
 from .sampler import Sampler
@@ -47,8 +50,11 @@ def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
 
 class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
-                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None):
+                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
+                 eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None):
         self.config = config
+        self.eos_token_ids = eos_token_ids  # masked for a row under its min_tokens
+        self.grammar = grammar  # constrained decoding, for the requests that ask
         self.device = torch.device(config.device)
         self.block_size = config.block_size
         assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
@@ -78,8 +84,16 @@ class ModelRunner:
         self.pooler.fold(chunks, hidden)
         if not batch.sample_seqs:
             return {}
-        ids = [s.request_id for s in batch.sample_seqs]
-        tokens = self.sampler.sample(logits, ids, [s.sampling for s in batch.sample_seqs])
+        seqs = batch.sample_seqs
+        ids = [s.request_id for s in seqs]
+        logits = apply_logits_processors(logits, seqs, self.eos_token_ids)
+        if self.grammar is not None:
+            logits = self.grammar.mask(logits, ids)
+        tokens = self.sampler.sample(logits, ids, [s.sampling for s in seqs])
+        if self.grammar is not None:
+            self.grammar.accept(ids, tokens)
+        for row, entry in sampled_logprobs(logits, seqs, tokens).items():
+            seqs[row].logprobs.append(entry)
         return dict(zip(ids, tokens))
 
     def take_embeddings(self) -> dict[str, list[float]]:

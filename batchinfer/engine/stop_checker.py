@@ -5,20 +5,28 @@ decodes only the last few tokens, and holds text back while it ends in a partial
 """
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
+
 from .sequence import Sequence
+from .token_bytes import TokenBytes
+from .types import TokenLogprob
 
 REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 character decodes to
 
 
 class StopChecker:
-    def __init__(self, tokenizer, eos_token_ids: set[int], max_model_len: int):
+    def __init__(self, tokenizer, eos_token_ids: AbstractSet[int], max_model_len: int):
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.token_bytes = TokenBytes(tokenizer)
 
     def __call__(self, seq: Sequence) -> str | None:
         p = seq.sampling
         if not p.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
+            return "stop"
+        if seq.token_ids[-1] in p.stop_token_ids:
             return "stop"
         if p.stop and self._hit_stop_string(seq):
             return "stop"
@@ -50,6 +58,11 @@ class StopChecker:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def with_bytes(self, entry: TokenLogprob) -> TokenLogprob:
+        """The entry with the bytes of its token and of each alternative."""
+        return replace(entry, token_bytes=self.token_bytes(entry.token_id),
+                       top_bytes=tuple(self.token_bytes(t) for t, _ in entry.top))
 
     def final_text(self, seq: Sequence) -> str:
         if seq.sampling.stop and seq.finish_reason == "stop" and seq.token_ids[-1] not in self.eos_token_ids:

@@ -18,6 +18,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     embed: bool = False  # prefill only: the result is the prompt's pooled hidden state, no token is sampled
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob and the k most likely
+    presence_penalty: float = 0.0  # OpenAI: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # vLLM: a token in prompt or output has its logit divided (> 0) or multiplied
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    min_tokens: int = 0  # EOS and stop_token_ids masked until this many tokens are out
+    stop_token_ids: tuple[int, ...] = ()
+    guided: tuple[str, str] | None = None  # (kind, spec) a grammar holds the output to: see engine/grammar.py
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -28,7 +36,21 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
         self.stop = tuple(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        if self.guided is not None:
+            self.guided = (str(self.guided[0]), str(self.guided[1]))  # JSON gives a list back
+        self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}  # JSON keys arrive as strings
+
+    @property
+    def penalized(self) -> bool:
+        """True when the logits need this row's penalties, biases or masks before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -42,6 +64,18 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float | None = None  # wall clock (time.time()); set by add_request when None
     cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's logprob and the most likely alternatives at its position (ids, logprobs); the bytes
+    of each (what the OpenAI shapes report) are filled when the result is built."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    token_bytes: bytes = b""
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass
@@ -58,6 +92,7 @@ class GenerationResult:
     last_token_time: float
     error: str | None = None  # set (finish_reason "error") when the engine could not run this request
     embedding: list[float] | None = None  # an embed request's pooled, L2-normalized hidden state
+    logprobs: list[TokenLogprob] | None = None  # one per output token when the request asked for logprobs
 
     @classmethod
     def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":

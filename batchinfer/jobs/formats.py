@@ -7,6 +7,7 @@ import json
 from batchinfer.jobs.input_line import CHAT_URL
 from batchinfer.jobs.embeddings_line import embeddings_body
 from batchinfer.jobs.responses_line import RESPONSES_URL, response_body
+from batchinfer.jobs.logprob_shapes import chat_logprobs, completion_logprobs
 
 
 def request_id(job_id: str, index: int) -> str:
@@ -30,12 +31,14 @@ def completion_body(url: str, rid: str, model: str, result, echo: dict | None = 
         return response_body(rid, model, result, echo)
     created = int(result.last_token_time)
     use = usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+    entries = getattr(result, "logprobs", None)  # a generator that reports no logprobs: null, as before
     if url == CHAT_URL:
         choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "logprobs": None, "finish_reason": result.finish_reason}
+                  "logprobs": chat_logprobs(entries), "finish_reason": result.finish_reason}
         return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
                 "choices": [choice], "usage": use}
-    choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+    choice = {"index": 0, "text": result.text, "logprobs": completion_logprobs(entries),
+              "finish_reason": result.finish_reason}
     return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
             "choices": [choice], "usage": use}
 

@@ -26,6 +26,12 @@ class _LazyTokenizer:
         self._tokenizer: Tokenizer | None = None
 
     def __getattr__(self, name: str):
+        return getattr(self._load(), name)
+
+    def __len__(self) -> int:  # len() looks on the type, past __getattr__
+        return len(self._load())
+
+    def _load(self):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
                 from batchinfer.engine.light_loader import light_tokenizer
@@ -35,7 +41,7 @@ class _LazyTokenizer:
                 from batchinfer.engine.loader import transformers_tokenizer
 
                 self._tokenizer = transformers_tokenizer(self._folder)
-        return getattr(self._tokenizer, name)
+        return self._tokenizer
 
 
 @lru_cache(maxsize=4)

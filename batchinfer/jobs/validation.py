@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
 from batchinfer.jobs.bodies import BODIES, Body
-from batchinfer.jobs.input_line import InputLine
+from batchinfer.jobs.input_line import InputLine, Sampling
 from batchinfer.jobs.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
 from batchinfer.jobs.responses_line import ResponsesBody
 from batchinfer.jobs.line_problems import Problem, first, one_per_param, problems
@@ -169,6 +169,9 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
                          f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
     echo = body.echo() if isinstance(body, ResponsesBody) else None
+    _check_token_ids(sampling, len(tokenizer), custom_id)
+    if isinstance(body, Sampling):  # chat and completions lines; responses lines take no constraint yet
+        _check_constraint(body, custom_id)
     return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling, echo)
 
 
@@ -194,6 +197,35 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
                              f"context of {limits.max_model_len} tokens", "body.input", custom_id))
     return PreparedRequest(index, number, custom_id, url, model, inputs[0], body.params(limits.default_max_tokens),
                            body.echo(inputs))
+
+
+def _check_constraint(body: Sampling, custom_id: str) -> None:
+    """At most one output constraint, and one the grammar library can compile (found here, at submit time)."""
+    given = body.constraints_given()
+    if len(given) > 1:
+        raise _Rejected(("invalid_field", f"body.{given[1]} cannot be combined with body.{given[0]}",
+                         f"body.{given[1]}", custom_id))
+    constraint = body.constraint()
+    if constraint is None:
+        return
+    from batchinfer.engine.grammar import check_constraint  # the grammar library loads only for lines that need it
+
+    reason = check_constraint(*constraint)
+    if reason is not None:
+        param = f"body.{given[0]}"
+        raise _Rejected(("invalid_field", f"{param} cannot be compiled into a grammar: {excerpt(reason)}", param, custom_id))
+
+
+def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:
+    """Token ids the line names must be in the vocabulary; min_tokens must leave room under max_tokens."""
+    for param, ids in (("body.logit_bias", sampling.logit_bias), ("body.stop_token_ids", sampling.stop_token_ids)):
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise _Rejected(("invalid_field", f"{param} names token {outside[0]}, outside the vocabulary "
+                             f"(ids 0 to {vocab_size - 1})", param, custom_id))
+    if sampling.min_tokens > sampling.max_tokens:
+        raise _Rejected(("invalid_field", f"body.min_tokens ({sampling.min_tokens}) is over max_tokens "
+                         f"({sampling.max_tokens})", "body.min_tokens", custom_id))
 
 
 def _decode(raw: bytes) -> dict:

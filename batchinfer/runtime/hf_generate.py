@@ -13,6 +13,8 @@ import torch
 
 from batchinfer.engine.llm_engine import aborted_result, eos_token_ids, sequence_result
 from batchinfer.engine.loader import LoadedModel, load_model
+from batchinfer.engine.logits_processors import apply_logits_processors
+from batchinfer.engine.logprobs import sampled_logprobs
 from batchinfer.engine.sampler import Sampler
 from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.stop_checker import StopChecker
@@ -26,7 +28,8 @@ class HFGenerator:
         self.tokenizer = loaded.tokenizer
         self.max_model_len = context_length(loaded.config)
         self.sampler = Sampler()
-        self.stop_checker = StopChecker(loaded.tokenizer, eos_token_ids(loaded), self.max_model_len)
+        self.eos_token_ids = frozenset(eos_token_ids(loaded))
+        self.stop_checker = StopChecker(loaded.tokenizer, self.eos_token_ids, self.max_model_len)
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str) -> "HFGenerator":
@@ -68,7 +71,7 @@ class HFGenerator:
         try:
             out = self.model(input_ids=torch.tensor([req.prompt_token_ids]), use_cache=True)
             while True:
-                seq.token_ids.append(self.sampler.sample(out.logits[:, -1].float(), [seq.request_id], [seq.sampling])[0])
+                seq.token_ids.append(self._sample(out.logits[:, -1].float(), seq))
                 seq.last_token_time = time.time()
                 seq.first_token_time = seq.first_token_time or seq.last_token_time
                 seq.finish_reason = self.stop_checker(seq)
@@ -80,6 +83,13 @@ class HFGenerator:
                 out = self.model(input_ids=torch.tensor([seq.token_ids[-1:]]), use_cache=True, **_cache_kwargs(out))
         finally:
             self.sampler.remove(seq.request_id)
+
+    def _sample(self, logits: torch.Tensor, seq: Sequence) -> int:
+        """As the engine's runner: penalties and masks, the draw, then the logprobs from the same logits."""
+        logits = apply_logits_processors(logits, [seq], self.eos_token_ids)
+        token = self.sampler.sample(logits, [seq.request_id], [seq.sampling])[0]
+        seq.logprobs.extend(sampled_logprobs(logits, [seq], [token]).values())
+        return token
 
 
 def _cache_kwargs(out) -> dict:

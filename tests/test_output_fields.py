@@ -1,0 +1,110 @@
+"""The new line fields (logprobs, penalties, biases, min_tokens, stop_token_ids) from a line to SamplingParams,
+their errors, the refused fields, and the logprobs shapes as the openai SDK parses them."""
+import io
+import json
+
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
+
+from batchinfer.engine.types import GenerationResult, SamplingParams, TokenLogprob
+from batchinfer.jobs import formats
+from batchinfer.jobs.records import PreparedRequest
+from batchinfer.jobs.validation import ValidationLimits, validate_stream
+
+pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
+
+
+def _validate(tokenizer, *bodies, url="/v1/chat/completions"):
+    lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url,
+                         "body": {"messages": [{"role": "user", "content": "x"}], **b} if "chat" in url
+                         else {"prompt": "x", **b}}) for i, b in enumerate(bodies)]
+    valid: list[PreparedRequest] = []
+    report = validate_stream(io.BytesIO("\n".join(lines).encode()), tokenizer,
+                             ValidationLimits(model_id="m", max_model_len=8192), valid.append)
+    return report, valid
+
+
+def test_the_fields_reach_the_sampling_params_and_survive_the_prepared_file(tiny_tokenizer):
+    report, valid = _validate(tiny_tokenizer, {"logprobs": True, "top_logprobs": 3, "presence_penalty": 0.5,
+                                               "frequency_penalty": -1, "repetition_penalty": 1.2,
+                                               "logit_bias": {"5": -100, "7": 2.5}, "min_tokens": 2,
+                                               "stop_token_ids": [9], "ignore_eos": True, "max_tokens": 8})
+    assert report.ok
+    p = valid[0].sampling
+    assert (p.logprobs, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (3, 0.5, -1.0, 1.2)
+    assert (p.logit_bias, p.min_tokens, p.stop_token_ids, p.ignore_eos) == ({5: -100.0, 7: 2.5}, 2, (9,), True)
+    assert PreparedRequest.from_json(valid[0].to_json()).sampling == p  # JSON's string keys come back as ids
+    _, valid = _validate(tiny_tokenizer, {"logprobs": True}, {})
+    assert [v.sampling.logprobs for v in valid] == [0, None]
+    _, valid = _validate(tiny_tokenizer, {"logprobs": 4}, {"logprobs": 0}, {}, url="/v1/completions")
+    assert [v.sampling.logprobs for v in valid] == [4, 0, None]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"top_logprobs": 3}, "body.top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs"),
+    ({"logprobs": 2}, "body.logprobs"),  # chat takes a boolean
+    ({"presence_penalty": 3}, "body.presence_penalty"),
+    ({"frequency_penalty": "1"}, "body.frequency_penalty"),
+    ({"repetition_penalty": 0}, "body.repetition_penalty"),
+    ({"logit_bias": {"abc": 1}}, "body.logit_bias"),
+    ({"logit_bias": {"5": 101}}, "body.logit_bias"),
+    ({"logit_bias": {str(i): 1 for i in range(301)}}, "body.logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, "body.logit_bias"),  # outside the vocabulary
+    ({"stop_token_ids": [99999999]}, "body.stop_token_ids"),
+    ({"min_tokens": 9, "max_tokens": 4}, "body.min_tokens"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools"),
+    ({"parallel_tool_calls": True}, "body.parallel_tool_calls"),
+    ({"audio": {"voice": "alloy"}}, "body.audio"),
+    ({"response_format": {"type": "xml"}}, "body.response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}},
+     "body.response_format"),  # a schema the library cannot compile
+    ({"guided_regex": "(", "max_tokens": 4}, "body.guided_regex"),
+    ({"guided_choice": ["a"], "guided_regex": "a+"}, "body.guided_choice"),
+])
+def test_a_bad_or_unsupported_field_is_an_invalid_field_naming_it(tiny_tokenizer, body, param):
+    report, valid = _validate(tiny_tokenizer, body)
+    assert not valid and (report.errors[0].code, report.errors[0].param) == ("invalid_field", param)
+    assert param.split(".")[-1] in report.errors[0].message and len(report.errors[0].message) < 400
+
+
+def test_an_image_part_is_refused(tiny_tokenizer):
+    part = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    report, valid = _validate(tiny_tokenizer, {"messages": [{"role": "user", "content": [part]}]})
+    assert not valid and report.errors[0].param == "body.messages[0].content"
+
+
+def _result(logprobs):
+    return GenerationResult("r", [1, 2], "Hé!", "stop", 3, 0, 1.0, 1.0, 1.0, 2.0, logprobs=logprobs)
+
+
+ENTRIES = [TokenLogprob(1, -0.25, ((1, -0.25), (4, -2.0)), b"H\xc3", (b"H\xc3", b"Hi")),
+           TokenLogprob(2, -0.5, ((2, -0.5), (5, -1.5)), b"\xa9!", (b"\xa9!", b"?"))]
+
+
+def test_chat_logprobs_parse_with_the_openai_sdk():
+    body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", _result(ENTRIES), "w")["response"]["body"]
+    parsed = ChatCompletion.model_validate(body).choices[0].logprobs
+    assert parsed is not None and parsed.content is not None
+    assert [t.logprob for t in parsed.content] == [-0.25, -0.5]
+    assert bytes(sum((t.bytes or [] for t in parsed.content), [])).decode() == "Hé!"  # bytes exact across a split character
+    assert [[a.logprob for a in t.top_logprobs] for t in parsed.content] == [[-0.25, -2.0], [-0.5, -1.5]]
+    assert parsed.content[0].top_logprobs[1].token == "Hi"
+
+
+def test_completion_logprobs_parse_with_the_openai_sdk():
+    body = formats.output_line("b", 0, "c", "/v1/completions", "m", _result(ENTRIES), "w")["response"]["body"]
+    parsed = Completion.model_validate(body).choices[0].logprobs
+    assert parsed is not None and parsed.token_logprobs == [-0.25, -0.5]
+    assert parsed.text_offset == [0, len(parsed.tokens[0])] and parsed.top_logprobs[1] == {"\ufffd!": -0.5, "?": -1.5}
+
+
+def test_no_logprobs_asked_is_null():
+    for url in ("/v1/chat/completions", "/v1/completions"):
+        assert formats.output_line("b", 0, "c", url, "m", _result(None), "w")["response"]["body"]["choices"][0][
+            "logprobs"] is None
+
+
+def test_sampling_params_defaults_ask_for_nothing():
+    assert not SamplingParams().penalized and SamplingParams().logprobs is None
