@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.bench.services import SeaweedS3, port_open
+from benchmarks.support.services import SeaweedS3, port_open
 from fast_tier import FastTierGuard
 from tiny_model import build_tiny_model
 

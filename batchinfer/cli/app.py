@@ -20,6 +20,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from batchinfer.cli.bench_command import bench_command
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError, excerpt, one_line, shown
@@ -513,21 +514,11 @@ def db_upgrade(revision: str = typer.Argument("head")):
     err.print(f"database at {revision}: {url.split('@')[-1]}", markup=False, highlight=False)
 
 
-# The bench commands register last: they import this module's app.
-from batchinfer.bench.api import bench_api_command  # noqa: E402
-from batchinfer.bench.command import bench  # noqa: E402
-from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
-from batchinfer.bench.load_command import bench_load_command  # noqa: E402
-from batchinfer.bench.process_command import bench_process_command  # noqa: E402
-from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
+# The retry command registers last: it imports this module's app.
 from batchinfer.cli.retry_command import retry_command  # noqa: E402
 
-app.command("bench")(bench)
-app.command("bench-grouping")(bench_grouping_command)
-app.command("bench-api")(bench_api_command)
-app.command("bench-process")(bench_process_command)
-app.command("bench-startup")(bench_startup_command)
-app.command("bench-load")(bench_load_command)
+app.command("bench", add_help_option=False,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_command)
 app.command("retry")(retry_command)
 
 

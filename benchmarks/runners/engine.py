@@ -25,14 +25,14 @@ class EngineRunner(Runner):
     name = "engine"
 
     def __init__(self, options):
-        from ...engine import EngineConfig, LLMEngine
+        from batchinfer.engine import EngineConfig, LLMEngine
         config = EngineConfig(max_num_seqs=options.max_num_seqs, max_num_batched_tokens=options.max_num_batched_tokens,
                               device=options.device, dtype=options.dtype)
         self.engine = LLMEngine.from_pretrained(options.model_path, options.cache_dir, config)
         self.shape = ModelShape.from_hf_config(_hf_config(options))
 
     def run(self, workload: Workload) -> tuple[list[RequestRecord], PhaseStats | None]:
-        from ...engine import GenerationRequest, SamplingParams
+        from batchinfer.engine import GenerationRequest, SamplingParams
         arrival, tag = time.time(), next(_run_ids)
         sampling = SamplingParams(max_tokens=workload.max_tokens, temperature=0.0, ignore_eos=True)
         requests = [GenerationRequest(f"{workload.name}-{tag}-{i}", p, sampling, arrival_time=arrival)
@@ -103,5 +103,5 @@ class StepProbe:
 def _hf_config(options):
     from transformers import AutoConfig
 
-    from ...engine.loader import resolve_model_dir
+    from batchinfer.engine.loader import resolve_model_dir
     return AutoConfig.from_pretrained(resolve_model_dir(options.model_path, options.cache_dir))

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from batchinfer.context import AppContext
 from batchinfer.settings import Settings, get_settings
-from batchinfer.cluster.registry import open_registry
 
-from .services import RedisServer, SeaweedS3, create_database, drop_database, start_cli, stop
+from .support.services import RedisServer, SeaweedS3, create_database, drop_database, start_cli, stop
+from .support.workers import start_worker, wait_live
 
 
 class LoadCluster:
@@ -66,16 +65,9 @@ class LoadCluster:
         """`batchinfer worker` processes, each with `threads` intra-op threads; returns once all beat."""
         names = [f"load{i}-{uuid.uuid4().hex[:4]}" for i in range(count)]
         env = self.env | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        for name in names:
-            self.workers[name] = start_cli(env, self.work / f"worker-{name}.log", "worker", "--name", name)
-        deadline = time.time() + timeout
-        while not set(names) <= {w.name for w in open_registry(self.settings).live()}:  # listed once the model is loaded
-            for name, proc in self.workers.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"worker {name} exited: {self.worker_log(name)[-1500:]}")
-            if time.time() > deadline:
-                raise RuntimeError(f"workers not up after {timeout:.0f} s")
-            time.sleep(0.5)
+        started = {name: start_worker(env, self.work / f"worker-{name}.log", name) for name in names}
+        self.workers.update(started)
+        wait_live(self.settings, started, timeout, log_tail=lambda name: self.worker_log(name)[-1500:])
         return names
 
     def worker_log(self, name: str) -> str:

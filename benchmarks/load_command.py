@@ -1,4 +1,4 @@
-"""The `batchinfer bench-load` command: run the load case, write the raw results as JSON, print a table."""
+"""The `batchinfer bench load` command: run the load case, write the raw results as JSON, print a table."""
 from __future__ import annotations
 
 import json

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from .support.services import stop
+from .support.workers import start_worker, wait_live
 
 MODES = ("grouping", "fcfs")
 
@@ -161,18 +163,18 @@ def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: lis
         settings = settings.model_copy(update={"kv_cache_bytes": kv_cache_bytes_for(settings, options.kv_cache_tokens)})
     ctx = AppContext.create(settings, migrate=True)
     names = [f"{mode}-w{i}" for i in range(options.workers)]
-    procs = [_start_worker(settings, name, options.threads_per_worker, data_dir) for name in names]
+    procs = {name: _start_worker(settings, name, options.threads_per_worker, data_dir) for name in names}
     try:
         progress(f"[{mode}] starting {len(names)} workers")
-        _wait_live(settings, names, procs, timeout=600)
+        wait_live(settings, procs, timeout=600)
         progress(f"[{mode}] workers ready; submitting {len(jobs)} jobs")
         started = time.time()
         job_ids = _submit_and_dispatch(ctx, jobs, options.scopes)
         _wait_done(ctx, job_ids, started + options.timeout_s, progress, mode)
         wall = time.time() - started
     finally:
-        for proc in procs:
-            _stop(proc)
+        for proc in procs.values():
+            stop(proc)
     return _collect(ctx, mode, job_ids, wall, options)
 
 
@@ -199,29 +201,7 @@ def _start_worker(settings, name: str, threads: int, data_dir: Path) -> subproce
         env["BATCHINFER_DATABASE_URL"] = settings.database_url
     if settings.kv_cache_bytes:
         env["BATCHINFER_KV_CACHE_BYTES"] = str(settings.kv_cache_bytes)
-    log = open(data_dir / f"{name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "worker", "--name", name, "--loglevel", "WARNING"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _registry(settings):
-    import redis
-
-    from batchinfer.cluster.registry import WorkerRegistry
-
-    return WorkerRegistry(redis.Redis.from_url(settings.broker_url), key_prefix=settings.broker_prefix)
-
-
-def _wait_live(settings, names: list[str], procs, timeout: float) -> None:
-    registry, deadline = _registry(settings), time.time() + timeout
-    while time.time() < deadline:
-        if set(names) <= {w.name for w in registry.live()}:
-            return
-        dead = [p.args for p in procs if p.poll() is not None]
-        if dead:
-            raise RuntimeError(f"worker exited during start: {dead}")
-        time.sleep(0.5)
-    raise TimeoutError(f"workers {names} not live after {timeout}s")
+    return start_worker(env, data_dir / f"{name}.log", name, "--loglevel", "WARNING")
 
 
 def _submit_and_dispatch(ctx, jobs: list[str], scopes: int = 1) -> list[str]:
@@ -290,16 +270,6 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
                       sum(j.completion_tokens for j in jobs), sum(j.cached_tokens for j in jobs), optimum, one_scope,
                       len(units),
                       {k: len(v) for k, v in groups.items()}, dict(per_worker))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
 
 def print_report(report: dict, console=None) -> None:

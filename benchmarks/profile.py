@@ -1,6 +1,6 @@
 """Where the engine's time goes on one workload: time per engine stage, and the top torch operators.
 
-python -m batchinfer.bench.profile -w shared-prefix   (prints two tables; --trace FILE writes a Chrome trace)
+python -m benchmarks.profile -w shared-prefix   (prints two tables; --trace FILE writes a Chrome trace)
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def profile(
     """Profile the engine on one generated workload (after a warm-up on another document)."""
     import torch.profiler
 
-    from ..settings import get_settings
+    from batchinfer.settings import get_settings
     from .config import BenchOptions
     from .harness import _warmup_workload, build_workloads
     from .runners.engine import EngineRunner

@@ -1,4 +1,4 @@
-"""The `batchinfer bench` command: parse options, run the systems side by side, print and save."""
+"""The `batchinfer bench compare` command: parse options, run the systems side by side, print and save."""
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -67,5 +67,5 @@ def bench(
 
 
 def _settings():
-    from ..settings import get_settings
+    from batchinfer.settings import get_settings
     return get_settings()

@@ -1,4 +1,4 @@
-"""The `batchinfer bench-startup` command: the start-up goal (1.5 s, under 1 GB) measured on this machine."""
+"""The `batchinfer bench startup` command: the start-up goal (1.5 s, under 1 GB) measured on this machine."""
 from __future__ import annotations
 
 import json

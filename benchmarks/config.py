@@ -33,7 +33,7 @@ class BenchOptions:
     def __post_init__(self):
         self.workloads, self.systems = tuple(self.workloads), tuple(self.systems)
         if self.dtype == "auto":  # resolved once, so every system and the report see the same dtype
-            from ..engine.dtype import auto_dtype
+            from batchinfer.engine.dtype import auto_dtype
 
             self.dtype = auto_dtype(self.device)
         _check(self.workloads and set(self.workloads) <= set(WORKLOADS), "workloads", self.workloads,

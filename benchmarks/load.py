@@ -1,4 +1,4 @@
-"""`batchinfer bench-load`: the load case. J jobs x R requests, each job submitted by its own
+"""`batchinfer bench load`: the load case. J jobs x R requests, each job submitted by its own
 `batchinfer submit` process, all at once, to N real `batchinfer worker` processes over PostgreSQL, Redis and
 S3; `status` asked throughout; then every job checked (completed, each custom_id exactly once, counts equal
 lines). Reports wall time, throughput, the pipeline's overhead per request (load_checks), peak memory of

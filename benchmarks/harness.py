@@ -21,7 +21,7 @@ from .workloads import Workload, build
 def build_workloads(options: BenchOptions, seed: int | None = None) -> list[Workload]:
     from transformers import AutoTokenizer
 
-    from ..engine.loader import resolve_model_dir
+    from batchinfer.engine.loader import resolve_model_dir
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(options.model_path, options.cache_dir))
     seed = options.seed if seed is None else seed
     return [build(name, tokenizer, options.requests, options.max_tokens, seed, options.shared_prefix_tokens)
@@ -82,7 +82,7 @@ def _run_isolated(system: str, options: BenchOptions) -> dict:
 
 
 def _command_line() -> str:
-    program = "python -m batchinfer.bench" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
+    program = "python -m benchmarks" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
     return " ".join([program, *sys.argv[1:]])
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from ..engine.types import time_per_output_token
+from batchinfer.engine.types import time_per_output_token
 
 
 @dataclass

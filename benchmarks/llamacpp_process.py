@@ -31,7 +31,7 @@ def _one_at_a_time(gguf: str, threads: int, prompts: list[list[int]], max_tokens
 
 
 def _batched(gguf: str, threads: int, prompts: list[list[int]], max_tokens: int) -> list[int]:
-    from batchinfer.bench.runners.llamacpp_batched import MultiSequenceLlama
+    from benchmarks.runners.llamacpp_batched import MultiSequenceLlama
 
     llm = MultiSequenceLlama(gguf, threads)
     try:

@@ -27,7 +27,7 @@ SERVICE_SETTINGS = ("BATCHINFER_API_URL", "BATCHINFER_API_KEY", "BATCHINFER_BROK
 
 def clean_env(**extra: str) -> dict:
     """This environment without the service settings (the run gets its own data dir), the model cache kept."""
-    from ..settings import get_settings
+    from batchinfer.settings import get_settings
 
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_SETTINGS}
     return env | {"BATCHINFER_MODEL_CACHE": str(get_settings().model_cache)} | extra
@@ -55,8 +55,8 @@ def worker_start_up(work: Path, postgres: str, repeat: int, timeout_s: float = 6
 
 
 def _one_worker(cluster, work: Path, i: int, timeout_s: float) -> dict:
-    from ..db.models import JobStatus
-    from ..jobs import service
+    from batchinfer.db.models import JobStatus
+    from batchinfer.jobs import service
     from .services import start_cli, stop
 
     (work / "one.jsonl").write_text(ONE_REQUEST)

@@ -1,4 +1,4 @@
-"""`batchinfer bench-api`: what a batch costs the API process: peak memory while a large upload streams
+"""`batchinfer bench api`: what a batch costs the API process: peak memory while a large upload streams
 through it, and GET /v1/batches/{id} latency under concurrent pollers. The server runs as its own process."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `batchinfer bench-process` command: the whole-process table on this machine."""
+"""The `batchinfer bench process` command: the whole-process table on this machine."""
 from __future__ import annotations
 
 import json
@@ -24,8 +24,8 @@ def bench_process_command(
     """Each system as its own timed process (start-up included): batchinfer run vs llama.cpp, same GGUF."""
     from transformers import AutoTokenizer
 
-    from ..engine.loader import default_model_path, resolve_model_dir
-    from ..settings import get_settings
+    from batchinfer.engine.loader import default_model_path, resolve_model_dir
+    from batchinfer.settings import get_settings
 
     settings = get_settings()
     systems = _pick(system, SYSTEMS)

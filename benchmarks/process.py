@@ -1,6 +1,6 @@
 """Whole-process bench: each system as its own timed process on the same requests, start-up included.
 
-`batchinfer run FILE` against a llama.cpp process (batchinfer.bench.llamacpp_process) on the same GGUF,
+`batchinfer run FILE` against a llama.cpp process (benchmarks.llamacpp_process) on the same GGUF,
 in its three ways. Per process: wall time and peak RSS (the child's own VmHWM).
 The suite is the whole-process table of docs/benchmarks.md; the goal is batchinfer at least 2.5x faster than the best llama.cpp way.
 """
@@ -93,7 +93,7 @@ def _command(system: str, work: Path, gguf: str, threads: int) -> list[str]:
         return [sys.executable, "-m", "batchinfer.cli", "run", str(work / "requests.jsonl"),
                 "-o", str(work / "results.jsonl")]
     mode = system.removeprefix("llamacpp-")
-    return [sys.executable, "-m", "batchinfer.bench.llamacpp_process", str(work / "tokens.json"),
+    return [sys.executable, "-m", "benchmarks.llamacpp_process", str(work / "tokens.json"),
             "--gguf", gguf, "--mode", mode, "--threads", str(threads)]
 
 
