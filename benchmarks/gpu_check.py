@@ -85,8 +85,9 @@ CORRECTNESS_CASES = {
 
 
 def check_correctness(device: str) -> list[dict]:
-    from batchinfer.engine.kernels import decode_attention, extend_attention, reference, store_kv
-    from batchinfer.engine.kernels.paged_batch import PagedBatch
+    from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
+    from benchmarks.support import kernel_reference as reference
+    from benchmarks.support.paged_batch import PagedBatch
 
     rows = []
     for dtype_name, dtype in DTYPES.items():
@@ -153,7 +154,7 @@ def _time_case(device: str, shape: dict, prefix_lens: list[int], q_lens: list[in
     from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
     from batchinfer.engine.attention.triton_backend import TritonAttentionBackend
     from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
-    from batchinfer.engine.kernels.paged_batch import PagedBatch
+    from benchmarks.support.paged_batch import PagedBatch
 
     b = PagedBatch(prefix_lens, q_lens, 16, dtype=torch.bfloat16, device=device, **shape)
     m = b.meta

@@ -1,6 +1,7 @@
 """Decode attention kernel (flash decoding): one new token per sequence over its paged KV. Stage 1
 splits each sequence along its length and lets every program attend, for one KV head, with all the
-query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp."""
+query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp.
+Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:decode_attention_ref."""
 from __future__ import annotations
 
 import math

@@ -3,7 +3,8 @@ paged cache through the block table) and causally to each other (read from the n
 online softmax across both parts. This is prefill, with or without a cached prefix.
 
 A program owns one KV head and BLOCK_M rows: TOKENS_M tokens x the query heads that share that KV
-head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group."""
+head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group.
+Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:extend_attention_ref."""
 from __future__ import annotations
 
 import math

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from batchinfer.engine.attention.base import AttentionMetadata
-from batchinfer.engine.kernels.reference import store_kv_ref
+from benchmarks.support.kernel_reference import store_kv_ref
 
 
 class PagedBatch:

@@ -1,4 +1,5 @@
-"""Plain torch references for the Triton kernels: slow, obvious, and what the tests compare against.
+"""Plain torch references for the Triton kernels (batchinfer/engine/kernels): slow, obvious, and what the
+kernel tests (tests/triton_attention) and benchmarks/gpu_check.py compare against.
 
 KV cache layout per layer: [num_blocks, block_size, num_kv_heads, head_dim]; slot s is block
 s // block_size, offset s % block_size.
