@@ -243,11 +243,11 @@ def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) ->
 def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingBenchOptions) -> ModeResult:
     from sqlalchemy import select
 
-    from batchinfer.jobs import storage_keys, service
+    from batchinfer.jobs import service, storage_keys
     from batchinfer.db.models import WorkUnit
     from batchinfer.planner import estimate_plan
     from batchinfer.runtime.dispatch import planner_config
-    from batchinfer.jobs.validation import PreparedRequest
+    from batchinfer.jobs.input.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
     pending = []

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from batchinfer.jobs.webhook_signing import new_secret, verify
+from batchinfer.jobs.webhooks.signing import new_secret, verify
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line

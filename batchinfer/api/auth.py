@@ -6,7 +6,7 @@ from fastapi import Depends, Request
 from batchinfer.api.errors import APIError
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
-from batchinfer.jobs import tenants
+from batchinfer.jobs.tenancy import tenants
 
 
 def context(request: Request) -> AppContext:

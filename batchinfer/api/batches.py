@@ -15,7 +15,7 @@ from batchinfer.api.pages import page
 from batchinfer.context import AppContext
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
-from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.output.batch_view import batch_object
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -109,7 +109,7 @@ def cancel(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depen
 
 @router.get("/{batch_id}/prefix_groups")
 def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id)) -> dict:
-    from batchinfer.jobs.reports import group_figures, unit_figures
+    from batchinfer.jobs.output.reports import group_figures, unit_figures
 
     service.get(ctx, batch_id, owner=owner)
     units = unit_figures(ctx, batch_id)

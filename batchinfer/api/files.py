@@ -64,7 +64,7 @@ def retrieve(file_id: str, ctx: AppContext = Depends(context), owner: str = Depe
 def content(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id),
             merged: bool = False) -> StreamingResponse:
     view = files.get(ctx, owner, file_id)
-    if merged:  # ours: the batch's output with its retries' (jobs.merged)
+    if merged:  # ours: the batch's output with its retries' (jobs.output.merged)
         return merged_content(ctx, owner, file_id)
 
     def chunks():

@@ -25,7 +25,7 @@ from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
-from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.output.batch_view import batch_object
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
@@ -119,7 +119,7 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
     with --json, per work unit too."""
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.reports import group_figures, unit_figures, units_json
+    from batchinfer.jobs.output.reports import group_figures, unit_figures, units_json
 
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
@@ -311,7 +311,7 @@ def _status_view(ctx, job):
     from rich.console import Group
 
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.reports import group_figures, unit_figures
+    from batchinfer.jobs.output.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
     return Group(job_table(batch_object(job)), groups_table(groups)) if groups else job_table(batch_object(job))
@@ -449,7 +449,7 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
                 org: str | None = typer.Option(None, "--org", help="share the prefix cache with this org's keys"),
                 as_json: bool = typer.Option(False, "--json")):
     """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin, org=org)
     if as_json:
@@ -471,7 +471,7 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
 def keys_list(as_json: bool = typer.Option(False, "--json")):
     """The API keys (never their secrets)."""
     from batchinfer.cli.render import keys_table
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     rows = [{"id": k.id, "name": k.name, "org": k.org, "created_at": int(k.created_at),
              "revoked_at": int(k.revoked_at) if k.revoked_at else None} for k in tenants.list_keys(_context())]
@@ -485,7 +485,7 @@ def keys_list(as_json: bool = typer.Option(False, "--json")):
 @friendly_errors
 def keys_revoke(key_id: str):
     """Revoke an API key: it gets 401 from then on."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key = tenants.revoke_key(_context(), key_id)
     print(f"{key.id} revoked")
@@ -496,7 +496,7 @@ def keys_revoke(key_id: str):
 def keys_set_org(key_id: str, org: str | None = typer.Argument(None, help="the org; leave out for the key's own scope")):
     """Put a key in an org: keys of one org share the prefix cache and cross-batch prefix groups. Batches
     the key creates from then on run in the org's scope; without ORG the key gets its own scope back."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key = tenants.set_org(_context(), key_id, org)
     print(f"{key.id} is in org {key.org}" if key.org else f"{key.id} has its own cache scope")

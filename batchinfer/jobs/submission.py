@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import InvalidRequest, TooManyActive, shown
-from batchinfer.jobs import webhook_events
+from batchinfer.jobs.webhooks import events as webhook_events
 from batchinfer.settings import parse_duration
 
 MAX_METADATA_PAIRS = 16

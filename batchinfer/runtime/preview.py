@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import BinaryIO
 
 from batchinfer.context import AppContext
-from batchinfer.jobs.tokenizer import tokenizer_and_context
+from batchinfer.jobs.input.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
 from batchinfer.jobs.job_validation import validation_limits
-from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
+from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
 
 # A worker that has not run a unit yet has no measured rate: this CPU-scale figure stands in

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from batchinfer.errors import shown
-from batchinfer.jobs.bodies import MODELS
+from batchinfer.jobs.input.bodies import MODELS
 
 # pydantic's error type -> our code (our own validators raise with our code as the type); else FIELD_CODES
 ERROR_CODES = {"missing": "missing_field", "invalid_field": "invalid_field"}

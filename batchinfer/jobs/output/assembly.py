@@ -7,9 +7,10 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from batchinfer.jobs import formats, storage_keys
+from batchinfer.jobs.output import formats
+from batchinfer.jobs import storage_keys
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
-from batchinfer.jobs.records import UnitResult
+from batchinfer.jobs.output.records import UnitResult
 from batchinfer.storage import Storage
 
 _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from batchinfer.errors import InvalidRequest, shown
-from batchinfer.jobs.input_line import CHAT_URL, MAX_STOP, NonEmptyText, Number, Text
+from batchinfer.jobs.input.input_line import CHAT_URL, MAX_STOP, NonEmptyText, Number, Text
 
 MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint column of a job made through the Message Batches API
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # Anthropic's rule

@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.input_line import ROLES, NonEmptyText, Number, Role, Text
+from batchinfer.jobs.input.input_line import ROLES, NonEmptyText, Number, Role, Text
 
 RESPONSES_URL = "/v1/responses"
 NOT_SUPPORTED = "absent (not supported here)"

@@ -13,12 +13,12 @@ from typing import BinaryIO, Callable, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
-from batchinfer.jobs.bodies import BODIES, Body
-from batchinfer.jobs.input_line import InputLine
-from batchinfer.jobs.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
-from batchinfer.jobs.responses_line import ResponsesBody
-from batchinfer.jobs.line_problems import Problem, first, one_per_param, problems
-from batchinfer.jobs.records import PreparedRequest
+from batchinfer.jobs.input.bodies import BODIES, Body
+from batchinfer.jobs.input.input_line import InputLine
+from batchinfer.jobs.input.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
+from batchinfer.jobs.input.responses_line import ResponsesBody
+from batchinfer.jobs.input.line_problems import Problem, first, one_per_param, problems
+from batchinfer.jobs.output.records import PreparedRequest
 
 __all__ = ["PreparedRequest", "LineError", "ValidationLimits", "ValidationReport", "validate_stream"]
 M = TypeVar("M", bound=BaseModel)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from batchinfer.jobs.input_line import CHAT_URL
-from batchinfer.jobs.embeddings_line import embeddings_body
-from batchinfer.jobs.responses_line import RESPONSES_URL, response_body
+from batchinfer.jobs.input.input_line import CHAT_URL
+from batchinfer.jobs.input.embeddings_line import embeddings_body
+from batchinfer.jobs.input.responses_line import RESPONSES_URL, response_body
 
 
 def request_id(job_id: str, index: int) -> str:

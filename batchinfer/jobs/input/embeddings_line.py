@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.input_line import NonEmptyText
+from batchinfer.jobs.input.input_line import NonEmptyText
 
 EMBEDDINGS_URL = "/v1/embeddings"
 MAX_INPUTS = 2048  # OpenAI's limit of inputs a request

@@ -12,9 +12,9 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.db.session import transaction
 from batchinfer.errors import BatchInferError
-from batchinfer.jobs.scopes import check_org
-from batchinfer.jobs.webhook_events import check_url
-from batchinfer.jobs.webhook_signing import new_secret
+from batchinfer.jobs.tenancy.scopes import check_org
+from batchinfer.jobs.webhooks.events import check_url
+from batchinfer.jobs.webhooks.signing import new_secret
 
 KEY_PREFIX = "sk-bi-"
 
@@ -27,7 +27,7 @@ def create_key(ctx: AppContext, name: str, webhook_url: str | None = None, admin
                org: str | None = None) -> tuple[ApiKey, str]:
     """The new key's row and its secret (the only time the secret exists outside the caller). A key with a
     webhook URL also gets a webhook signing secret (key.webhook_secret), to be shown once too. A key in an
-    org shares its cache scope with the org's other keys (jobs.scopes); without one it has its own."""
+    org shares its cache scope with the org's other keys (jobs.tenancy.scopes); without one it has its own."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(id=f"key_{uuid.uuid4().hex[:16]}", name=name, key_hash=hash_key(secret), created_at=time.time(),
                  webhook_url=check_url(webhook_url) if webhook_url else None,

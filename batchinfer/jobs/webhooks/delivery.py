@@ -17,7 +17,7 @@ from batchinfer.db.models import ApiKey, WebhookEvent, WebhookStatus
 from batchinfer.db.session import transaction
 from batchinfer.jobs.faults import is_transient
 from batchinfer.errors import one_line
-from batchinfer.jobs.webhook_signing import headers
+from batchinfer.jobs.webhooks.signing import headers
 
 log = logging.getLogger(__name__)
 CLAIM_BATCH = 20

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import MAX_SEED, MIN_SEED, SamplingParams
 
-Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.bodies
+Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.input.bodies
 SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
 CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS[:2]
 Role = Literal["system", "user", "assistant", "developer"]
