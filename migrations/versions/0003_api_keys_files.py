@@ -2,6 +2,8 @@
 
 Revision ID: 0004_api_keys_files
 Revises: 0003_unit_leases
+
+File 0003_api_keys_files.py is step 3 of the chain; its revision id stays 0004_api_keys_files (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa

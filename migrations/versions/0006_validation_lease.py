@@ -2,6 +2,8 @@
 
 Revision ID: 0007_validation_lease
 Revises: 0002_request_tokens
+
+File 0006_validation_lease.py is step 6 of the chain; its revision id stays 0007_validation_lease (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa

@@ -2,6 +2,8 @@
 
 Revision ID: 0008_cache_scopes
 Revises: 0007_validation_lease
+
+File 0007_cache_scopes.py is step 7 of the chain; its revision id stays 0008_cache_scopes (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa

@@ -3,6 +3,8 @@ finalize retries on jobs
 
 Revision ID: 0003_unit_leases
 Revises: 0001
+
+File 0002_unit_leases.py is step 2 of the chain; its revision id stays 0003_unit_leases (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa

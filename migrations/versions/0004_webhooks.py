@@ -2,6 +2,8 @@
 
 Revision ID: 0006_webhooks
 Revises: 0004_api_keys_files
+
+File 0004_webhooks.py is step 4 of the chain; its revision id stays 0006_webhooks (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa

@@ -3,6 +3,8 @@ them in SQL instead of reading every unit's results file
 
 Revision ID: 0002_request_tokens
 Revises: 0006_webhooks
+
+File 0005_request_tokens.py is step 5 of the chain; its revision id stays 0002_request_tokens (deployed databases record it).
 """
 from alembic import op
 import sqlalchemy as sa
