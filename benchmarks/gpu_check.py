@@ -1,6 +1,6 @@
 """One GPU check for the Triton attention backend; about 3 minutes on an H200.
 
-    python benchmarks/gpu_check.py --out gpu_check.json [--skip-e2e] [--skip-bench-cli] [--random-weights DIR]
+    python -m benchmarks.gpu_check --out gpu_check.json [--skip-e2e] [--skip-bench-cli] [--random-weights DIR]
 
 Without the model on the device: --pack-model DIR here, then --random-weights DIR there (see README).
 
