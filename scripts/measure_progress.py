@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from batchinfer.bench.workloads import build
+from benchmarks.workloads import build
 from batchinfer.cluster.registry import WorkerState
 from batchinfer.context import AppContext
 from batchinfer.jobs import service

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.bench.services import SeaweedS3, port_open
+from benchmarks.support.services import SeaweedS3, port_open
 from fast_tier import FastTierGuard
 from tiny_model import build_tiny_model
 
@@ -52,7 +52,7 @@ def model_cache() -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer(model_cache):
-    from batchinfer.jobs.tokenizer import _tokenizer_and_len
+    from batchinfer.jobs.input.tokenizer import _tokenizer_and_len
 
     return _tokenizer_and_len(None, model_cache)[0]
 

@@ -17,7 +17,7 @@ from batchinfer.jobs import service
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import completion_line, read_output, submit_lines
-from processes import start_cli, stop
+from benchmarks.support.services import start_cli, stop
 from batchinfer.cluster.registry import open_registry
 
 LONG = 256  # counting never meets EOS: each request runs to max_tokens unless it is stopped

@@ -14,7 +14,7 @@ import pytest
 
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line, completion_line
-from processes import free_port, start_cli, stop
+from benchmarks.support.services import free_port, start_cli, stop
 
 MAX_FILE_BYTES = 300_000
 ACTIVE_LIMIT = 3

@@ -17,7 +17,7 @@ import pytest
 
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
-from processes import free_port, start_cli, stop
+from benchmarks.support.services import free_port, start_cli, stop
 
 MAX_FILE_BYTES = 2_000_000  # over Starlette's 1 MB in-memory spool: an upload reaches the disk
 REQUESTS_PER_MIN = 30

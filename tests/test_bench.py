@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import typer
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
-from batchinfer.bench.command import bench
-from batchinfer.bench.flops import ModelShape
-from batchinfer.bench.workloads import build
+from benchmarks.command import bench
+from benchmarks.flops import ModelShape
+from benchmarks.workloads import build
 from batchinfer.engine.loader import resolve_model_dir
 from batchinfer.settings import get_settings
 
@@ -74,7 +75,7 @@ def test_bench_writes_side_by_side_results_and_plot(tmp_path):
 def test_three_documents_interleave_so_neighbours_never_share_the_document(tokenizer):
     workload = build("three-documents", tokenizer, requests=6, shared_tokens=80)
     p = workload.prompts
-    from batchinfer.bench.workloads import common_prefix_len
+    from benchmarks.workloads import common_prefix_len
     assert common_prefix_len(p[0], p[3]) >= 70 and common_prefix_len(p[0], p[1]) < 40
     assert len(workload.chats) == 6 and build("single", tokenizer).max_tokens == 1
 
@@ -83,8 +84,8 @@ def test_three_documents_interleave_so_neighbours_never_share_the_document(token
 def test_llamacpp_systems_skip_with_a_reason_when_the_binding_is_missing(monkeypatch):
     import sys
 
-    from batchinfer.bench.config import BenchOptions
-    from batchinfer.bench.harness import run_system
+    from benchmarks.config import BenchOptions
+    from benchmarks.harness import run_system
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # the import fails as when it is not installed
     options = BenchOptions(systems=("llamacpp-batched",), cache_dir=get_settings().model_cache, isolate=False)
     for system in ("llamacpp", "llamacpp-sorted", "llamacpp-batched"):
@@ -95,7 +96,7 @@ def test_llamacpp_systems_skip_with_a_reason_when_the_binding_is_missing(monkeyp
 def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, tokenizer):
     import sys
 
-    from batchinfer.bench.process import markdown, request_file, timed
+    from benchmarks.process import markdown, request_file, timed
     grow = "x = bytearray(300 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('{\"output_tokens\": 3}')"
     result = timed([sys.executable, "-c", grow], env=None, timeout_s=60)
     assert result["rc"] == 0 and result["wall_s"] > 0 and 300 < result["max_rss_mib"] < 1000
@@ -115,7 +116,7 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_grouping_bench_gives_each_worker_exactly_the_kv_tokens_asked_for(model_cache, dtype):
-    from batchinfer.bench.grouping import kv_cache_bytes_for
+    from benchmarks.grouping import kv_cache_bytes_for
     from batchinfer.engine import LLMEngine
     from batchinfer.runtime.engine_host import engine_config
     from batchinfer.settings import Settings
@@ -127,7 +128,7 @@ def test_grouping_bench_gives_each_worker_exactly_the_kv_tokens_asked_for(model_
 
 
 def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
-    from batchinfer.bench.startup import run_start_up, summary
+    from benchmarks.startup import run_start_up, summary
 
     rows = run_start_up(tmp_path, repeat=1)
     assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
@@ -135,3 +136,25 @@ def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
     assert rows[0]["cpu_s"] > 0 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
     figures = summary(rows + [{"rc": 1, "wall_s": None}])
     assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]
+
+
+@pytest.mark.fast
+def test_the_product_cli_has_one_bench_door_listing_every_benchmark():
+    from batchinfer.cli.app import app
+
+    assert [c.name for c in app.registered_commands if (c.name or "").startswith("bench")] == ["bench"]
+    result = CliRunner().invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    for name in ("compare", "grouping", "api", "process", "startup", "load"):
+        assert name in result.output
+
+
+@pytest.mark.fast
+def test_bench_without_the_extra_says_how_to_install_it_in_one_line(monkeypatch):
+    from batchinfer.cli.app import app
+
+    # the extra is installed here, so its absence is simulated: find_spec answers None for a None in sys.modules
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(app, ["bench", "compare"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "the benchmarks are not installed: from a checkout, pip install -e '.[bench]'"

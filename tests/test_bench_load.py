@@ -1,4 +1,4 @@
-"""`batchinfer bench-load` scaled down (5 jobs x 200 requests): real PostgreSQL (a fresh database), a private
+"""`batchinfer bench load` scaled down (5 jobs x 200 requests): real PostgreSQL (a fresh database), a private
 redis-server and SeaweedFS started by the bench, two `batchinfer worker` processes and five concurrent
 `batchinfer submit` processes. Asserts completeness and no duplicates, never timing (that is the benchmark's)."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from batchinfer.bench.load_checks import _check_ids
-from batchinfer.bench.load_workload import custom_id, write_job_files
+from benchmarks.load_checks import _check_ids
+from benchmarks.load_workload import custom_id, write_job_files
 from cli_helpers import batchinfer, cli_env
 
 

@@ -7,7 +7,7 @@ import pytest
 from cli_helpers import batchinfer, batchinfer_into_closed_pipe, cli_env
 from jobfiles import chat_line, completion_line
 
-COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade"]
+COMMANDS = ["submit", "status", "list", "cancel", "download", "run", "worker", "db", "db upgrade", "bench", "bench load"]
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from batchinfer.jobs.webhook_signing import new_secret, verify
+from batchinfer.jobs.webhooks.signing import new_secret, verify
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
-from processes import free_port, start_cli, stop
+from benchmarks.support.services import free_port, start_cli, stop
 from webhook_receiver import Receiver
 from batchinfer.cluster.registry import open_registry
 

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from sqlalchemy import create_engine, inspect
 
@@ -100,3 +102,15 @@ def test_jobs_made_before_cache_scopes_get_their_keys_scope_or_the_local_one(tmp
         scopes = dict(conn.execute(text("SELECT id, cache_scope FROM jobs")).all())
     engine.dispose()
     assert scopes == {"batch_api": "key:key_abc", "batch_cli": "local"}
+
+
+@pytest.mark.fast
+def test_migration_files_sort_in_the_order_alembic_applies_them():
+    from alembic.script import ScriptDirectory
+
+    from batchinfer.db.session import MIGRATIONS_DIR
+
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    chain = [Path(rev.path).name for rev in reversed(list(script.walk_revisions()))]  # base first
+    assert chain == sorted(chain)
+    assert len(chain) == len(set(name[:4] for name in chain))  # one file per step number

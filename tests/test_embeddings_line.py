@@ -9,8 +9,8 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from batchinfer.engine.types import GenerationResult
-from batchinfer.jobs import formats
-from batchinfer.jobs.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.output import formats
+from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
 from jobfiles import chat_line
 
 MODEL = "smollm2-135m-instruct"

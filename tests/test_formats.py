@@ -1,6 +1,6 @@
 import pytest
 
-from batchinfer.jobs import formats
+from batchinfer.jobs.output import formats
 from batchinfer.engine.types import GenerationResult
 
 pytestmark = pytest.mark.fast

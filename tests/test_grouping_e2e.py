@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 import redis
 
-from batchinfer.jobs.reports import job_prefix_report
+from batchinfer.jobs.output.reports import job_prefix_report
 from batchinfer.cluster.routing import worker_queue
 
 pytestmark = pytest.mark.timeout(400)

@@ -1,5 +1,5 @@
 """`submit`, `status` and the API never import torch: 50 concurrent `batchinfer submit` processes each paid
-~230 MiB and seconds of CPU for it (bench-load). Only a process that builds a model may."""
+~230 MiB and seconds of CPU for it (`batchinfer bench load`). Only a process that builds a model may."""
 from __future__ import annotations
 
 import subprocess

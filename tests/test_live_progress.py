@@ -12,7 +12,7 @@ import pytest
 from batchinfer.settings import Settings
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
-from processes import start_cli, stop
+from benchmarks.support.services import start_cli, stop
 from batchinfer.cluster.registry import open_registry
 
 N = 200

@@ -8,9 +8,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from batchinfer.engine.types import GenerationResult, SamplingParams, TokenLogprob
-from batchinfer.jobs import formats
-from batchinfer.jobs.records import PreparedRequest
-from batchinfer.jobs.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.output import formats
+from batchinfer.jobs.output.records import PreparedRequest
+from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
 
 pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
 

@@ -6,8 +6,8 @@ import pytest
 from openai.types.responses import Response
 
 from batchinfer.engine.types import GenerationResult
-from batchinfer.jobs import formats
-from batchinfer.jobs.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.output import formats
+from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
 
 MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from batchinfer.errors import BatchInferError
-from batchinfer.jobs import scopes, tenants
+from batchinfer.jobs.tenancy import scopes, tenants
 from cli_helpers import batchinfer
 from jobfiles import submit_lines
 import test_api

@@ -1,5 +1,5 @@
 """Start-up imports only what the command needs: each heavy package costs tenths of a second to
-seconds at every start. Timings are the bench's (`batchinfer bench-process -w single`); this pins the imports."""
+seconds at every start. Timings are the bench's (`batchinfer bench process -w single`); this pins the imports."""
 from __future__ import annotations
 
 import json

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.validation import CODES, ValidationLimits, validate_stream
+from batchinfer.jobs.input.validation import CODES, ValidationLimits, validate_stream
 from jobfiles import chat_line, completion_line
 
 MODEL = "smollm2-135m-instruct"

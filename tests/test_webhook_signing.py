@@ -1,6 +1,6 @@
 import pytest
 
-from batchinfer.jobs.webhook_signing import WebhookVerificationError, headers, new_secret, sign, verify
+from batchinfer.jobs.webhooks.signing import WebhookVerificationError, headers, new_secret, sign, verify
 
 pytestmark = pytest.mark.fast
 

@@ -14,9 +14,9 @@ from batchinfer.db.session import transaction
 from batchinfer.errors import InvalidRequest
 from batchinfer.jobs import service
 from batchinfer.jobs.job_validation import validate_job
-from batchinfer.jobs.webhook_delivery import DeliveryLoop, deliver_due
-from batchinfer.jobs.webhook_events import event_id, record_final
-from batchinfer.jobs.webhook_signing import WebhookVerificationError, new_secret, verify
+from batchinfer.jobs.webhooks.delivery import DeliveryLoop, deliver_due
+from batchinfer.jobs.webhooks.events import event_id, record_final
+from batchinfer.jobs.webhooks.signing import WebhookVerificationError, new_secret, verify
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.unit_runner import run_unit
 from jobfiles import completion_line, submit_lines
@@ -125,7 +125,7 @@ def test_a_bad_webhook_url_is_refused_at_submit(pg_context):
 def test_a_keys_webhook_gets_its_batches_events_signed_with_the_keys_secret(pg_context, receiver):
     import io
 
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     ctx = pg_context()
     key, _ = tenants.create_key(ctx, "team", webhook_url=receiver.url)

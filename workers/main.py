@@ -2,7 +2,7 @@
 
 Beside Celery runs the worker agent: it publishes this worker's state (incarnation, the unit it runs),
 steals units queued for a busy peer when idle, and runs the sweep (batchinfer.cluster.sweep) when due.
-A second thread delivers the webhook outbox (batchinfer.jobs.webhook_delivery).
+A second thread delivers the webhook outbox (batchinfer.jobs.webhooks.delivery).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
-from batchinfer.jobs.webhook_delivery import DeliveryLoop
+from batchinfer.jobs.webhooks.delivery import DeliveryLoop
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:

@@ -11,7 +11,7 @@ from batchinfer.settings import get_settings
 
 if TYPE_CHECKING:
     from batchinfer.cluster.agent import WorkerAgent
-    from batchinfer.jobs.webhook_delivery import DeliveryLoop
+    from batchinfer.jobs.webhooks.delivery import DeliveryLoop
 
 
 @dataclass

@@ -16,7 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, Job
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
-from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.output.batch_view import batch_object
 from batchinfer.jobs.live import with_live
 
 router = APIRouter(prefix="/v1/batches")
@@ -124,7 +124,7 @@ def cancel(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scop
 
 @router.get("/{batch_id}/prefix_groups")
 def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    from batchinfer.jobs.reports import group_figures, unit_figures
+    from batchinfer.jobs.output.reports import group_figures, unit_figures
 
     service.get(ctx, batch_id, owner=owner)
     units = unit_figures(ctx, batch_id)

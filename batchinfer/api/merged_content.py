@@ -1,4 +1,4 @@
-"""`?merged=true` on a batch's output file: the batch and its retries as one file (jobs.merged)."""
+"""`?merged=true` on a batch's output file: the batch and its retries as one file (jobs.output.merged)."""
 from __future__ import annotations
 
 from fastapi.responses import StreamingResponse
@@ -6,7 +6,7 @@ from fastapi.responses import StreamingResponse
 from batchinfer.api.errors import APIError
 from batchinfer.context import AppContext
 from batchinfer.jobs.files import OUTPUT_PREFIX
-from batchinfer.jobs.merged import merged_lines
+from batchinfer.jobs.output.merged import merged_lines
 
 
 def merged_content(ctx: AppContext, owner: str, file_id: str) -> StreamingResponse:

@@ -12,11 +12,12 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from batchinfer.cli.bench_command import bench_command
 from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
-from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.output.batch_view import batch_object
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
@@ -111,7 +112,7 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
     with --json, per work unit too."""
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.reports import group_figures, unit_figures, units_json
+    from batchinfer.jobs.output.reports import group_figures, unit_figures, units_json
 
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
@@ -344,7 +345,7 @@ def _status_view(ctx, job):
     from rich.console import Group
 
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.reports import group_figures, unit_figures
+    from batchinfer.jobs.output.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
     return Group(job_table(batch_object(job)), groups_table(groups)) if groups else job_table(batch_object(job))
@@ -497,7 +498,7 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
                 org: str | None = typer.Option(None, "--org", help="share the prefix cache with this org's keys"),
                 as_json: bool = typer.Option(False, "--json", help="print the key (with its secret) as JSON")):
     """Make an API key; its secret (and its webhook signing secret) is printed once and never shown again."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key, secret = tenants.create_key(_context(), name, webhook_url=webhook, admin=admin, org=org)
     if as_json:
@@ -520,7 +521,7 @@ def keys_create(name: str = typer.Option(..., help="who the key is for"),
 def keys_list(as_json: bool = typer.Option(False, "--json", help="print a JSON list for scripts")):
     """The API keys (never their secrets)."""
     from batchinfer.cli.render import keys_table
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     rows = [{"id": k.id, "name": k.name, "org": k.org, "created_at": int(k.created_at),
              "revoked_at": int(k.revoked_at) if k.revoked_at else None} for k in tenants.list_keys(_context())]
@@ -534,7 +535,7 @@ def keys_list(as_json: bool = typer.Option(False, "--json", help="print a JSON l
 @friendly_errors
 def keys_revoke(key_id: str):
     """Revoke an API key: it gets 401 from then on."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key = tenants.revoke_key(_context(), key_id)
     print(f"{key.id} revoked")
@@ -545,7 +546,7 @@ def keys_revoke(key_id: str):
 def keys_set_org(key_id: str, org: str | None = typer.Argument(None, help="the org; leave out for the key's own scope")):
     """Put a key in an org: keys of one org share the prefix cache and cross-batch prefix groups. Batches
     the key creates from then on run in the org's scope; without ORG the key gets its own scope back."""
-    from batchinfer.jobs import tenants
+    from batchinfer.jobs.tenancy import tenants
 
     key = tenants.set_org(_context(), key_id, org)
     print(f"{key.id} is in org {key.org}" if key.org else f"{key.id} has its own cache scope")
@@ -563,21 +564,11 @@ def db_upgrade(revision: str = typer.Argument("head")):
     err.print(f"database at {revision}: {url.split('@')[-1]}", markup=False, highlight=False)
 
 
-# The bench commands register last: they import this module's app.
-from batchinfer.bench.api import bench_api_command  # noqa: E402
-from batchinfer.bench.command import bench  # noqa: E402
-from batchinfer.bench.grouping import bench_grouping_command  # noqa: E402
-from batchinfer.bench.load_command import bench_load_command  # noqa: E402
-from batchinfer.bench.process_command import bench_process_command  # noqa: E402
-from batchinfer.bench.startup_command import bench_startup_command  # noqa: E402
+# The retry command registers last: it imports this module's app.
 from batchinfer.cli.retry_command import retry_command  # noqa: E402
 
-app.command("bench")(bench)
-app.command("bench-grouping")(bench_grouping_command)
-app.command("bench-api")(bench_api_command)
-app.command("bench-process")(bench_process_command)
-app.command("bench-startup")(bench_startup_command)
-app.command("bench-load")(bench_load_command)
+app.command("bench", add_help_option=False,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(bench_command)
 app.command("retry")(retry_command)
 
 

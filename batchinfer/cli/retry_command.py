@@ -9,7 +9,7 @@ import typer
 from batchinfer.cli.app import _client, _context, _dispatch_soon, _run_in_process, err, friendly_errors
 from batchinfer.db.models import JobStatus
 from batchinfer.jobs import service
-from batchinfer.jobs.batch_view import batch_object
+from batchinfer.jobs.output.batch_view import batch_object
 
 
 @friendly_errors
@@ -44,7 +44,7 @@ def merged_fetch(job_id: str):
     client = _client()
     if client is not None:
         return lambda target: client.download_merged(client.get(job_id), target)
-    from batchinfer.jobs.merged import merged_lines
+    from batchinfer.jobs.output.merged import merged_lines
 
     ctx = _context()
 

@@ -85,7 +85,7 @@ class Job(Base):
     output_expires_after_s: Mapped[float | None] = mapped_column(Float)  # result files readable this long after the end
     validation_token: Mapped[str | None] = mapped_column(String(32))  # the validation run that owns a `validating` job
     validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
-    # who may share its prefix cache, groups and units (jobs.scopes): its key's org or key, or "local"
+    # who may share its prefix cache, groups and units (jobs.tenancy.scopes): its key's org or key, or "local"
     cache_scope: Mapped[str] = mapped_column(String(128), default="local", server_default="local")
 
 

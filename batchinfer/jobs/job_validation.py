@@ -13,11 +13,12 @@ import time
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
-from batchinfer.jobs import formats, storage_keys
+from batchinfer.jobs.output import formats
+from batchinfer.jobs import storage_keys
 from batchinfer.jobs.faults import is_transient
 from batchinfer.jobs.state import validation as state
-from batchinfer.jobs.tokenizer import tokenizer_and_context
-from batchinfer.jobs.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
+from batchinfer.jobs.input.tokenizer import tokenizer_and_context
+from batchinfer.jobs.input.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,8 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt
-from batchinfer.jobs import scopes, storage_keys, submission
+from batchinfer.jobs.tenancy import scopes
+from batchinfer.jobs import storage_keys, submission
 from batchinfer.jobs.job_validation import validate_job
 from batchinfer.jobs.state import ending
 from batchinfer.jobs.state import validation as state

@@ -7,9 +7,9 @@ from sqlalchemy import func, select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import InvalidRequest, TooManyActive, shown
-from batchinfer.jobs import webhook_events
-from batchinfer.jobs.user_text import has_control
-from batchinfer.jobs.webhook_target import check_url
+from batchinfer.jobs.webhooks import events as webhook_events
+from batchinfer.jobs.input.user_text import has_control
+from batchinfer.jobs.webhooks.target import check_url
 from batchinfer.settings import parse_duration
 
 MAX_METADATA_PAIRS = 16

@@ -21,7 +21,7 @@ from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
-from batchinfer.jobs.records import PreparedRequest, UnitRequest
+from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
 from batchinfer.jobs.state import units
 
 

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.jobs.lifecycle import sweep_jobs
 from batchinfer.db.models import UnitStatus, WorkUnit
-from batchinfer.jobs.webhook_delivery import deliver_due
+from batchinfer.jobs.webhooks.delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.runtime.unit_runner import UnitOutcome, run_unit

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import time
 
-from batchinfer.jobs.tokenizer import remember_tokenizer
+from batchinfer.jobs.input.tokenizer import remember_tokenizer
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)

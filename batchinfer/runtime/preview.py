@@ -7,11 +7,11 @@ from typing import BinaryIO
 from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
 from batchinfer.errors import one_line
-from batchinfer.jobs.tokenizer import tokenizer_and_context
+from batchinfer.jobs.input.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
 from batchinfer.planner.estimate import decode_steps
 from batchinfer.jobs.job_validation import validation_limits
-from batchinfer.jobs.validation import PreparedRequest, ValidationReport, validate_stream
+from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from batchinfer.engine.types import GenerationResult
 from batchinfer.errors import one_line
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.state import ending, units
-from batchinfer.jobs.records import UnitRequest
+from batchinfer.jobs.output.records import UnitRequest
 
 log = logging.getLogger(__name__)
 

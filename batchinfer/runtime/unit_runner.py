@@ -10,10 +10,11 @@ from collections.abc import Collection, Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from batchinfer.jobs import formats, storage_keys
+from batchinfer.jobs.output import formats
+from batchinfer.jobs import storage_keys
 from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationRequest, GenerationResult
-from batchinfer.jobs.records import UnitRequest, UnitResult
+from batchinfer.jobs.output.records import UnitRequest, UnitResult
 from batchinfer.jobs.state import ending, units
 from batchinfer.runtime import embedding_parts
 from batchinfer.runtime.generator import Generator

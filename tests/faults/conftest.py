@@ -41,7 +41,7 @@ def private_postgres():
 @pytest.fixture
 def private_s3(tmp_path, monkeypatch, s3_server):
     """A SeaweedFS of this test's own (kill() and start() it); this process's boto3 talks to it too."""
-    from batchinfer.bench.services import SeaweedS3
+    from benchmarks.support.services import SeaweedS3
 
     server = SeaweedS3(tmp_path / "seaweedfs")
     server.bucket = server.create_bucket()

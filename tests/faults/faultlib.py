@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from processes import free_port, start_cli
+from benchmarks.support.services import free_port, start_cli
+from benchmarks.support.workers import live_incarnations, wait_live
 
 MAX_TOKENS = 3
 TRACEBACK = "Traceback (most recent call last)"
@@ -182,7 +183,7 @@ class FaultCluster:
     # workers
     def start(self, *names: str, timeout: float = 240, wait: bool = True) -> None:
         self.context()  # the schema exists before any worker sweeps
-        before = {w.name: w.incarnation for w in self.registry().live()}
+        before = live_incarnations(self.settings)
         for name in names:
             self.procs[name] = self.start_cli(name, "worker", "--name", name, "--loglevel", "INFO")
         if wait:
@@ -190,24 +191,7 @@ class FaultCluster:
 
     def wait_live(self, *names: str, timeout: float = 240, not_incarnations: dict | None = None) -> None:
         """Until each worker beats, as a new process (a killed one's key may outlive it for the TTL)."""
-        old = not_incarnations or {}
-
-        def up():
-            for name in names:
-                assert self.procs[name].poll() is None, f"worker {name} exited:\n{self.log_tail(name)}"
-            live = {w.name: w.incarnation for w in self.registry().live()}
-            return all(name in live and live[name] != old.get(name) for name in names)
-        deadline = time.time() + timeout
-        while True:
-            try:
-                if up():
-                    return
-            except AssertionError:
-                raise
-            except Exception:
-                pass
-            assert time.time() < deadline, f"workers {names} did not come up:\n{self.log_tail(names[0])}"
-            time.sleep(0.3)
+        wait_live(self.settings, {name: self.procs[name] for name in names}, timeout, not_incarnations, self.log_tail)
 
     def start_cli(self, name: str, *args: str) -> subprocess.Popen:
         """`batchinfer ARGS` with this cluster's settings, in its own process group; its output (stdout and

@@ -24,7 +24,7 @@ if DEVICE == "cpu":
         if _module is not None:
             importlib.reload(_module)
 
-from batchinfer.engine.kernels.paged_batch import PagedBatch  # noqa: E402
+from benchmarks.support.paged_batch import PagedBatch  # noqa: E402
 
 
 TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=2e-3, rtol=1e-2),

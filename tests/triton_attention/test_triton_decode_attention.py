@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from batchinfer.engine.kernels.decode_attention import decode_attention
-from batchinfer.engine.kernels.reference import decode_attention_ref
+from benchmarks.support.kernel_reference import decode_attention_ref
 
 # context lengths: a single token, a partial block, exactly one block, one past a block, several blocks
 PREFIX_LENS = [0, 14, 15, 16, 90]

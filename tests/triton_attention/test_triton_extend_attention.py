@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from batchinfer.engine.kernels.extend_attention import extend_attention
-from batchinfer.engine.kernels.reference import extend_attention_ref
+from benchmarks.support.kernel_reference import extend_attention_ref
 
 # prefixes: none, a partial block, exactly one block of 16, several blocks; new tokens: one, a
 # partial tile, several tiles; one sequence brings no new token at all.

@@ -5,7 +5,7 @@ import torch
 
 from batchinfer.engine.kernels.decode_attention import decode_attention
 from batchinfer.engine.kernels.extend_attention import extend_attention
-from batchinfer.engine.kernels.reference import decode_attention_ref, extend_attention_ref
+from benchmarks.support.kernel_reference import decode_attention_ref, extend_attention_ref
 
 PREFIX_LENS = [0, 5, 16, 37, 9]
 Q_LENS = [21, 1, 40, 6, 3]

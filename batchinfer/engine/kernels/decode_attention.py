@@ -2,7 +2,8 @@
 splits each sequence along its length and lets every program attend, for one KV head, with all the
 query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp.
 A sliding window skips keys at or before seq_len - 1 - window; a soft-cap maps each score s to
-softcap * tanh(s / softcap)."""
+softcap * tanh(s / softcap).
+Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:decode_attention_ref."""
 from __future__ import annotations
 
 import math

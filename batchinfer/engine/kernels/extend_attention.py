@@ -5,7 +5,8 @@ online softmax across both parts. This is prefill, with or without a cached pref
 A program owns one KV head and BLOCK_M rows: TOKENS_M tokens x the query heads that share that KV
 head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group.
 A sliding window hides keys at or before position p - window from the token at p; a soft-cap maps each
-score s to softcap * tanh(s / softcap) (Gemma 2)."""
+score s to softcap * tanh(s / softcap) (Gemma 2).
+Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:extend_attention_ref."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
-"""Store kernel: write the new tokens' K and V rows into their paged-cache slots."""
+"""Store kernel: write the new tokens' K and V rows into their paged-cache slots.
+Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:store_kv_ref."""
 from __future__ import annotations
 
 import triton

@@ -16,9 +16,9 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import JobConflict, JobNotFound
-from batchinfer.jobs.assembly import assemble
+from batchinfer.jobs.output.assembly import assemble
 from batchinfer.jobs.state import table as T
-from batchinfer.jobs.webhook_events import record_final
+from batchinfer.jobs.webhooks.events import record_final
 
 log = logging.getLogger(__name__)
 FINALIZE_LEASE_S = 300.0  # a finalize that crashed midway is taken over after this long

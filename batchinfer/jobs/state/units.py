@@ -16,7 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs import storage_keys
-from batchinfer.jobs.records import UnitResult
+from batchinfer.jobs.output.records import UnitResult
 from batchinfer.jobs.state import table as T
 from batchinfer.planner import UnitPlan
 

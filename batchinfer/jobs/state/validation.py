@@ -16,8 +16,8 @@ from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import excerpt
 from batchinfer.jobs import storage_keys
 from batchinfer.jobs.state import table as T
-from batchinfer.jobs.validation import ValidationReport
-from batchinfer.jobs.webhook_events import record_final
+from batchinfer.jobs.input.validation import ValidationReport
+from batchinfer.jobs.webhooks.events import record_final
 
 
 class ValidationSuperseded(Exception):

@@ -1,0 +1,1 @@
+"""What a batch's input lines are, and how a file of them is validated."""

@@ -1,0 +1,130 @@
+"""A Message Batches create body (Anthropic's shape), checked whole as Anthropic does, and turned into our
+own chat input lines so the job system underneath (validation, grouping, units, webhooks) is the one for
+every batch."""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+from batchinfer.errors import InvalidRequest, shown
+from batchinfer.jobs.input.input_line import CHAT_URL, MAX_STOP, NonEmptyText, Number, Text
+
+MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint column of a job made through the Message Batches API
+CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # Anthropic's rule
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: Text
+    cache_control: dict[str, Any] | None = None  # accepted: our prefix cache needs no hint
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: Text | Annotated[list[TextBlock], Field(min_length=1)]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+
+
+class Params(BaseModel):
+    """The Messages API fields we serve; any other (tools, thinking, images...) is refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: NonEmptyText
+    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: Text | list[TextBlock] | None = None
+    temperature: Annotated[Number, Field(ge=0, le=1)] | None = None
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    stop_sequences: Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = None
+    metadata: dict[str, Any] | None = None  # accepted and not used (user_id)
+    stream: Literal[False] | None = None  # a batch result is never streamed
+
+    @model_validator(mode="after")
+    def _no_prefill(self) -> Params:
+        if self.messages[-1].role != "user":
+            raise ValueError("the last message must be a user message (assistant prefill is not supported)")
+        return self
+
+    def chat_body(self) -> dict[str, Any]:
+        system = self.system if isinstance(self.system, str) or self.system is None else "".join(
+            b.text for b in self.system)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m.role, "content": m.text} for m in self.messages]
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
+        for ours, value in (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k),
+                            ("stop", self.stop_sequences)):
+            if value is not None:
+                body[ours] = value
+        return body
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    custom_id: Annotated[str, Field(pattern=CUSTOM_ID_PATTERN, strict=True)]
+    params: Params
+
+
+class CreateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    requests: Annotated[list[BatchRequest], Field(min_length=1)]
+
+
+def parse_create(raw: bytes, max_requests: int) -> CreateBody:
+    """The create body, or InvalidRequest naming the first bad field as Anthropic does (`requests.0.params.x`)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise InvalidRequest("the request body is not valid JSON") from None
+    if isinstance(data, dict) and isinstance(data.get("requests"), list) and len(data["requests"]) > max_requests:
+        raise InvalidRequest(f"requests: at most {max_requests} requests a batch")
+    try:
+        body = CreateBody.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidRequest(_first_problem(exc)) from None
+    seen: set[str] = set()
+    for n, request in enumerate(body.requests):
+        if request.custom_id in seen:
+            raise InvalidRequest(f"requests.{n}.custom_id: {request.custom_id!r} is used by an earlier request; "
+                                 "each custom_id must be unique in the batch")
+        seen.add(request.custom_id)
+    return body
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """The first field that is wrong, and under a union (a string or a list of blocks) its deepest problem."""
+    found = [(_loc(e["loc"]), e) for e in exc.errors(include_url=False)]
+    top = found[0][0]
+    loc, error = max((f for f in found if f[0][:len(top)] == top), key=lambda f: len(f[0]))
+    where = ".".join(str(s) for s in loc)
+    if error["type"] == "extra_forbidden":
+        return f"{where}: this field is not supported here"
+    if error["type"] == "missing":
+        return f"{where}: field required"
+    if error["type"] == "value_error":  # our own rule: its message says it all
+        return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{where or 'body'}: {error['msg']}" + (f", got {shown(error['input'])}" if where else "")
+
+
+def _loc(loc: tuple) -> tuple:
+    """Without pydantic's union member tags ('str', 'list[TextBlock]'): they are no field of the request."""
+    return tuple(s for s in loc if isinstance(s, int) or ("[" not in s and s not in ("str", "function-after")))
+
+
+def input_lines(body: CreateBody) -> bytes:
+    """Our OpenAI-shaped chat lines, one per request, in order."""
+    lines = [json.dumps({"custom_id": r.custom_id, "method": "POST", "url": CHAT_URL, "body": r.params.chat_body()},
+                        ensure_ascii=False, separators=(",", ":")) for r in body.requests]
+    return ("\n".join(lines) + "\n").encode()

@@ -1,0 +1,209 @@
+"""An OpenAI Batch input line as pydantic models: the envelope, and the body of each supported url.
+
+Each field's description is the rule a message states when the field is wrong ("temperature must be ...").
+Strings are strict (a number is not a string) and must be valid Unicode: a lone surrogate from a JSON
+escape could neither be tokenized nor stored.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
+
+from batchinfer.engine.types import MAX_SEED, MIN_SEED, SamplingParams
+
+Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.input.bodies
+SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
+CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS[:2]
+Role = Literal["system", "user", "assistant", "developer"]
+ROLES = get_args(Role)
+MAX_STOP = 4
+CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+UNSUPPORTED = "absent (this server runs no tools, functions, audio or images)"
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("invalid_field", "must be valid Unicode (it holds a lone surrogate)") from None
+    return text
+
+
+def _no_nul(text: str) -> str:
+    if "\x00" in text:
+        raise PydanticCustomError("invalid_field", "must not contain a NUL character")
+    return text
+
+
+def _response_format(value: dict) -> dict:
+    kind = value.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise PydanticCustomError("invalid_field", 'needs "type": one of text, json_object, json_schema')
+    spec = value.get("json_schema")
+    if kind == "json_schema" and not (isinstance(spec, dict) and isinstance(spec.get("schema"), dict)):
+        raise PydanticCustomError("invalid_field", 'of type json_schema needs "json_schema": {"name", "schema": {...}}')
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
+NonEmptyText = Annotated[Text, Field(min_length=1)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+CustomId = Annotated[StrictStr, Field(min_length=1, max_length=CUSTOM_ID_MAX_CHARS), AfterValidator(_unicode),
+                     AfterValidator(_no_nul)]
+
+
+class InputLine(BaseModel):
+    """One line's envelope; its body is checked by the model of its url (BODIES)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    custom_id: CustomId = Field(description=f"a non-empty string of at most {CUSTOM_ID_MAX_CHARS} characters")
+    method: Literal["POST"] = Field(description="POST")
+    url: Url = Field(description=f"one of {', '.join(SUPPORTED_URLS)}")
+    body: dict[str, Any] = Field(description="an object")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    role: Role = Field(description=f"one of {', '.join(ROLES)}")
+    content: Text | list[TextPart] = Field(description="a string or a list of text parts")
+
+    def for_template(self) -> dict[str, str]:
+        role = "system" if self.role == "developer" else self.role
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": role, "content": content}
+
+
+class Sampling(BaseModel):
+    """The sampling fields both bodies share; None (or absent) means the default."""
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = Field(None, description="an integer >= 0 (or -1: no cut)")
+    seed: Annotated[StrictInt, Field(ge=MIN_SEED, le=MAX_SEED)] | None = Field(
+        None, description="an integer in [-2**63, 2**64-1]")
+    stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = Field(
+        None, description=f"a non-empty string or a list of up to {MAX_STOP} of them")
+    n: Literal[1] = Field(1, description="1 (only n=1 is supported)")
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
+    repetition_penalty: Annotated[Number, Field(gt=0, le=10)] | None = Field(None, description="a number in (0, 10]")
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^\d{1,9}$")], Annotated[Number, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers in [-100, 100]")
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = Field(None, description="an integer >= 0")
+    stop_token_ids: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"a list of at most {MAX_LOGIT_BIAS} token ids")
+    ignore_eos: StrictBool | None = Field(None, description="true or false")
+    response_format: Annotated[dict, AfterValidator(_response_format)] | None = Field(
+        None, description='an object {"type": "text" | "json_object" | "json_schema", "json_schema": {...}}')
+    guided_regex: NonEmptyText | None = Field(None, description="a non-empty regular expression")
+    guided_choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_LOGIT_BIAS)] | None = Field(
+        None, description=f"a list of 1 to {MAX_LOGIT_BIAS} non-empty strings")
+    tools: None = Field(None, description=UNSUPPORTED)
+    tool_choice: None = Field(None, description=UNSUPPORTED)
+    parallel_tool_calls: None = Field(None, description=UNSUPPORTED)
+    functions: None = Field(None, description=UNSUPPORTED)
+    function_call: None = Field(None, description=UNSUPPORTED)
+    audio: None = Field(None, description=UNSUPPORTED)
+    modalities: None = Field(None, description=UNSUPPORTED)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_token_limit(cls, data: Any) -> Any:
+        """max_completion_tokens (the newer name) wins: max_tokens beside it is not read at all."""
+        if isinstance(data, dict) and "max_completion_tokens" in data:
+            return {k: v for k, v in data.items() if k != "max_tokens"}
+        return data
+
+    def params(self, default_max_tokens: int) -> SamplingParams:
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return SamplingParams(max_tokens=limit if limit is not None else default_max_tokens,
+                              temperature=1.0 if self.temperature is None else float(self.temperature),
+                              top_p=1.0 if self.top_p is None else float(self.top_p),
+                              top_k=0 if self.top_k in (None, -1) else self.top_k, seed=self.seed, stop=tuple(stop),
+                              logprobs=self.top_logprob_count(),
+                              presence_penalty=float(self.presence_penalty or 0.0),
+                              frequency_penalty=float(self.frequency_penalty or 0.0),
+                              repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+                              logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
+                              min_tokens=self.min_tokens or 0, stop_token_ids=tuple(self.stop_token_ids or ()),
+                              ignore_eos=bool(self.ignore_eos), guided=self.constraint())
+
+    def constraint(self) -> tuple[str, str] | None:
+        """The grammar the output is held to (engine/grammar.py's (kind, spec)), or None."""
+        fmt = self.response_format or {}
+        if fmt.get("type") == "json_schema":
+            return "json_schema", json.dumps(fmt["json_schema"]["schema"], sort_keys=True)  # one cache entry per schema
+        if fmt.get("type") == "json_object":
+            return "json_object", ""
+        if self.guided_regex is not None:
+            return "regex", self.guided_regex
+        if self.guided_choice is not None:
+            return "choice", json.dumps(self.guided_choice)
+        return None
+
+    def constraints_given(self) -> list[str]:
+        fmt = self.response_format or {}
+        given = ["response_format"] if fmt.get("type") in ("json_object", "json_schema") else []
+        return given + [f for f in ("guided_regex", "guided_choice") if getattr(self, f) is not None]
+
+    def top_logprob_count(self) -> int | None:
+        """None: no logprobs; k: the sampled token's logprob and the k most likely (each body reads its own fields)."""
+        raise NotImplementedError
+
+
+class ChatBody(Sampling):
+    PROMPT_FIELD: ClassVar[str] = "messages"
+
+    messages: list[ChatMessage] = Field(min_length=1, description="a non-empty array of messages")
+    logprobs: StrictBool | None = Field(
+        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description=f"an integer in [0, {MAX_TOP_LOGPROBS}], with logprobs: true")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value, info: ValidationInfo):
+        if value is not None and info.data.get("logprobs") is not True:
+            raise PydanticCustomError("invalid_field", "needs logprobs: true")
+        return value
+
+    def top_logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def prompt_text(self, tokenizer) -> str:
+        messages = [m.for_template() for m in self.messages]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+class CompletionBody(Sampling):
+    PROMPT_FIELD: ClassVar[str] = "prompt"
+
+    prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)] = Field(
+        description="a non-empty string (or a list of one)")
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
+        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
+
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
+
+    def prompt_text(self, tokenizer) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+BODIES: dict[str, type[ChatBody] | type[CompletionBody]] = {CHAT_URL: ChatBody, COMPLETIONS_URL: CompletionBody}
+MODELS = (InputLine, ChatMessage, ChatBody, CompletionBody)

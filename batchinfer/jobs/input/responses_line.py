@@ -1,0 +1,91 @@
+"""A `/v1/responses` line's body: text input (a string or message items), instructions and sampling.
+What we do not serve (tools, reasoning, previous_response_id, images) is refused by name, per line."""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from batchinfer.engine.types import SamplingParams
+from batchinfer.jobs.input.input_line import ROLES, NonEmptyText, Number, Role, Text
+
+RESPONSES_URL = "/v1/responses"
+NOT_SUPPORTED = "absent (not supported here)"
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["input_text", "output_text"]  # an input_image, input_file or input_audio part is refused
+    text: Text
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["message"] = "message"  # a tool call or any other item is refused
+    role: Role = Field(description=f"one of {', '.join(ROLES)}")
+    content: Text | list[InputText] = Field(description="a string or a list of text parts")
+
+    def for_template(self) -> dict[str, str]:
+        role = "system" if self.role == "developer" else self.role
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": role, "content": content}
+
+
+class ResponsesBody(BaseModel):
+    PROMPT_FIELD: ClassVar[str] = "input"
+    model_config = ConfigDict(extra="ignore")
+
+    input: NonEmptyText | Annotated[list[InputMessage], Field(min_length=1)] = Field(
+        description="a non-empty string or a non-empty array of message items")
+    instructions: Text | None = Field(None, description="a string")
+    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
+    temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = Field(
+        None, description="an object of at most 16 string values")
+    tools: None = Field(None, description=NOT_SUPPORTED)
+    tool_choice: None = Field(None, description=NOT_SUPPORTED)
+    reasoning: None = Field(None, description=NOT_SUPPORTED)
+    previous_response_id: None = Field(None, description=NOT_SUPPORTED)
+    conversation: None = Field(None, description=NOT_SUPPORTED)
+    background: None = Field(None, description=NOT_SUPPORTED)
+    stream: Literal[False] | None = Field(None, description="false (a batch result is never streamed)")
+
+    def prompt_text(self, tokenizer) -> str:
+        items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + [
+            m.for_template() for m in items]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def params(self, default_max_tokens: int) -> SamplingParams:
+        limit = self.max_output_tokens if self.max_output_tokens is not None else default_max_tokens
+        return SamplingParams(max_tokens=limit, temperature=1.0 if self.temperature is None else float(self.temperature),
+                              top_p=1.0 if self.top_p is None else float(self.top_p))
+
+    def echo(self) -> dict[str, Any]:
+        """What the Response object repeats of the request."""
+        return {"instructions": self.instructions, "metadata": self.metadata or {},
+                "max_output_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p}
+
+
+def response_body(rid: str, model: str, result, echo: dict[str, Any] | None) -> dict:
+    """A Response object (`openai.types.responses.Response`) holding one assistant message."""
+    echo = echo or {}
+    incomplete = result.finish_reason == "length"
+    status = "incomplete" if incomplete else "completed"
+    text = {"type": "output_text", "text": result.text, "annotations": [], "logprobs": []}
+    return {"id": f"resp_{rid}", "object": "response", "created_at": int(result.arrival_time), "status": status,
+            "model": model, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "output": [{"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": status,
+                        "content": [text]}],
+            "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
+            "instructions": echo.get("instructions"), "metadata": echo.get("metadata") or {},
+            "max_output_tokens": echo.get("max_output_tokens"), "temperature": echo.get("temperature"),
+            "top_p": echo.get("top_p"),
+            "usage": {"input_tokens": result.prompt_tokens,
+                      "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": 0},
+                      "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": result.prompt_tokens + result.completion_tokens}}

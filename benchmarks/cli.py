@@ -1,0 +1,18 @@
+"""`batchinfer bench <benchmark>` (or `python -m benchmarks <benchmark>`): every benchmark, one sub-command each.
+The product CLI hands its `bench` arguments to this app; it is installed with the `[bench]` extra."""
+import typer
+
+from .api import bench_api_command
+from .command import bench
+from .grouping import bench_grouping_command
+from .load_command import bench_load_command
+from .process_command import bench_process_command
+from .startup_command import bench_startup_command
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks of batchinfer (the `[bench]` extra).")
+app.command("compare")(bench)
+app.command("grouping")(bench_grouping_command)
+app.command("api")(bench_api_command)
+app.command("process")(bench_process_command)
+app.command("startup")(bench_startup_command)
+app.command("load")(bench_load_command)
