@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 
 def cli_env(tmp_path, model_cache: str, **extra: str) -> dict:
@@ -29,3 +30,14 @@ def batchinfer_into_closed_pipe(env: dict, *args: str, timeout: float = 300):
                               stderr=subprocess.PIPE, text=True, timeout=timeout)
     finally:
         os.close(write_end)
+
+
+def wait_for(condition, what: str, timeout: float = 240.0, every: float = 0.2):
+    """condition()'s first truthy value; fails naming `what` once `timeout` seconds pass without one."""
+    deadline = time.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)

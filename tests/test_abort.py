@@ -15,7 +15,7 @@ from sqlalchemy import select, update
 from batchinfer.db.models import Job, Request, WorkUnit
 from batchinfer.jobs import service
 from batchinfer.settings import Settings
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, cli_env, wait_for
 from jobfiles import completion_line, read_output, submit_lines
 from benchmarks.support.services import start_cli, stop
 from batchinfer.cluster.registry import open_registry
@@ -28,14 +28,9 @@ def counting(prefix: str, n: int, max_tokens: int = LONG) -> list[str]:
             for i in range(n)]
 
 
+
 def _wait(condition, what: str, timeout: float = 240.0, every: float = 0.05):
-    deadline = time.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+    return wait_for(condition, what, timeout, every)
 
 
 def _statuses(ctx, job_id: str) -> set[str]:

@@ -3,14 +3,13 @@
 import json
 import os
 import shutil
-import time
 import uuid
 
 import pytest
 
 from batchinfer.jobs.webhooks.signing import new_secret, verify
 from batchinfer.settings import Settings
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, cli_env, wait_for
 from jobfiles import chat_line
 from benchmarks.support.services import free_port, start_cli, stop
 from webhook_receiver import Receiver
@@ -23,14 +22,9 @@ SERVER_SECRET = new_secret()
 SYSTEM = "You are a terse assistant who answers every question about numbers in one short sentence."
 
 
+
 def _wait(condition, what: str, timeout: float = 180.0, every: float = 0.5):
-    deadline = time.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+    return wait_for(condition, what, timeout, every)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from batchinfer.settings import Settings
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, cli_env, wait_for
 from jobfiles import chat_line
 from benchmarks.support.services import start_cli, stop
 from batchinfer.cluster.registry import open_registry
@@ -18,14 +18,9 @@ from batchinfer.cluster.registry import open_registry
 N = 200
 
 
+
 def _wait(condition, what: str, timeout: float = 240.0, every: float = 0.2):
-    deadline = time.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+    return wait_for(condition, what, timeout, every)
 
 
 @pytest.fixture
