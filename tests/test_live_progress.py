@@ -28,7 +28,8 @@ def stack(tmp_path, model_cache, postgres_url, s3_url, redis_server, s3_server):
     """One worker (a single unit of up to 200 requests) and an API server on a port it picks itself."""
     env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url, BATCHINFER_STORAGE_URL=s3_url,
                   BATCHINFER_BROKER_URL=f"{redis_server}/0", BATCHINFER_BROKER_PREFIX=f"bitest-{uuid.uuid4().hex[:8]}:",
-                  BATCHINFER_DISPATCH_COUNTDOWN_S="0.5", BATCHINFER_MAX_REQUESTS_PER_UNIT=str(N), **s3_server)
+                  BATCHINFER_DISPATCH_COUNTDOWN_S="0.5", BATCHINFER_MAX_REQUESTS_PER_UNIT=str(N),
+                  BATCHINFER_PROGRESS_FLUSH_S="0.25", **s3_server)
     assert batchinfer(env, "db", "upgrade").returncode == 0
     name = f"w{uuid.uuid4().hex[:6]}"
     worker = start_cli(env, tmp_path / "worker.log", "worker", "--name", name)
@@ -51,8 +52,8 @@ def test_counts_rise_in_status_and_the_api_while_one_unit_runs(stack, tmp_path):
     admin = json.loads(batchinfer(env, "keys", "create", "--name", "ops", "--admin", "--json").stdout)["key"]
     tenant = json.loads(batchinfer(env, "keys", "create", "--name", "t", "--json").stdout)["key"]
     src = tmp_path / "in.jsonl"
-    # max_tokens 1 to 4: requests of the one unit finish over many engine steps, cheaply
-    src.write_text("\n".join(chat_line(f"r{i}", f"Spell the number {i}.", max_tokens=1 + i % 4) for i in range(N)) + "\n")
+    # max_tokens 1 to 8: requests of the one unit finish over many engine steps, cheaply (a quiet machine runs it in seconds)
+    src.write_text("\n".join(chat_line(f"r{i}", f"Spell the number {i}.", max_tokens=1 + i % 8) for i in range(N)) + "\n")
     submitted = batchinfer(env, "submit", str(src))  # no API key: a CLI job, which only an admin key reads
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
@@ -98,5 +99,5 @@ def test_counts_rise_in_status_and_the_api_while_one_unit_runs(stack, tmp_path):
     server_log = (tmp_path / "server.log").read_text()
     assert re.search(r"GET /v1/batches/\{batch_id\} 200 [\d.]+ ms key=key_", server_log), server_log[-2000:]
     assert admin not in server_log and tenant not in server_log  # key ids only, never a secret
-    metrics = httpx.get(f"{base}/metrics").text
+    metrics = httpx.get(f"{base}/metrics", headers=admin_auth).text  # operators only
     assert re.search(rf'batchinfer_requests\{{outcome="completed"\}} {N}(\.0)?\b', metrics)

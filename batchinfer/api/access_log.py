@@ -22,7 +22,8 @@ def install(app: FastAPI) -> None:
         started = time.perf_counter()
         response = await call_next(request)
         route = getattr(request.scope.get("route"), "path", None) or "unmatched"  # the template: no ids in the log
-        key_id = getattr(request.state, "key_id", None) or "-"
+        key = getattr(request.state, "api_key", None)  # set by the guard once the key checked out
+        key_id = key.id if key is not None else "-"
         log.info("%s %s %d %.1f ms key=%s", request.method, route, response.status_code,
                  (time.perf_counter() - started) * 1000, key_id)
         return response

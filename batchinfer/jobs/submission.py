@@ -41,7 +41,7 @@ def check_metadata(ctx: AppContext, metadata: dict | None) -> dict:
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
             raise InvalidRequest(f"invalid_metadata: metadata keys are at most {MAX_METADATA_KEY} characters and "
                                  f"values at most {MAX_METADATA_VALUE} ({shown(key)})")
-        if has_control(key) or has_control(value):
+        if key != webhook_events.METADATA_KEY and (has_control(key) or has_control(value)):  # the URL: check_url below
             raise InvalidRequest(f"invalid_metadata: metadata keys and values may hold no control characters ({shown(key)})")
     webhook_url = metadata.get(webhook_events.METADATA_KEY)
     if webhook_url:
