@@ -9,6 +9,7 @@ import typer
 from batchinfer.cli.app import _client, _context, _dispatch_soon, _run_in_process, err, friendly_errors
 from batchinfer.db.models import JobStatus
 from batchinfer.jobs import service
+from batchinfer.jobs.job_validation import validate_job
 from batchinfer.jobs.output.batch_view import batch_object
 
 
@@ -27,8 +28,7 @@ def retry_command(job_id: str,
     from batchinfer.jobs.retry import create_retry
 
     ctx = _context()
-    job = service.validate_job(ctx, create_retry(ctx, job_id, codes=set(codes) or None,
-                                                 completion_window=completion_window).id)
+    job = validate_job(ctx, create_retry(ctx, job_id, codes=set(codes) or None, completion_window=completion_window).id)
     if job.status == JobStatus.FAILED:
         err.print(f"job {job.id} (the retry) failed validation", markup=False, highlight=False)
     elif ctx.settings.embedded:
