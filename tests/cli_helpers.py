@@ -41,3 +41,18 @@ def wait_for(condition, what: str, timeout: float = 240.0, every: float = 0.2):
             return value
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(every)
+
+
+def wait_healthy(server: subprocess.Popen, url: str, log_path, timeout: float = 120.0) -> None:
+    """Until `batchinfer serve` at url answers /health with 200; fails with its log if it exits first."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        assert server.poll() is None, log_path.read_text()[-3000:]
+        assert time.time() < deadline, "the server did not come up"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.3)

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, cli_env, wait_healthy
 from jobfiles import chat_line, completion_line
 from benchmarks.support.services import free_port, start_cli, stop
 
@@ -43,15 +43,7 @@ def api(tmp_path_factory, model_cache, postgres_server, redis_server, s3_server,
     server = start_cli(env, root / "server.log", "serve", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_healthy(server, url, root / "server.log")
         yield url, env, root
     finally:
         stop(server)

@@ -8,14 +8,13 @@ import json
 import os
 import select
 import socket
-import time
 import uuid
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from cli_helpers import batchinfer, cli_env
+from cli_helpers import batchinfer, cli_env, wait_healthy
 from jobfiles import chat_line
 from benchmarks.support.services import free_port, start_cli, stop
 
@@ -51,15 +50,7 @@ def server(tmp_path_factory, model_cache, postgres_server, redis_server, s3_serv
     proc = start_cli(env, root / "server.log", "serve", "--port", str(port))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.time() < deadline, "the server did not come up"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
+        wait_healthy(proc, url, root / "server.log")
         yield url, env, proc
     finally:
         stop(proc)
