@@ -137,12 +137,13 @@ class UnitWatch:
             jobs = {j: (status, expires_at) for j, status, expires_at in session.execute(
                 select(Job.id, Job.status, Job.expires_at).where(Job.id.in_(list(self.by_job))))}
         now = time.time()
+        overdue = {j for j, (status, expires_at) in jobs.items() if expires_at < now and status in JobStatus.RUNNABLE}
+        if overdue:
+            ending.expire_overdue(self.ctx, now)  # their unstarted requests elsewhere too, once for all of them
         for job_id, requests in sorted(self.by_job.items()):
-            status, expires_at = jobs.get(job_id, (None, now))
-            if status == JobStatus.CANCELLING:
+            if jobs.get(job_id, (None, now))[0] == JobStatus.CANCELLING:
                 why = RequestStatus.CANCELLED
-            elif expires_at < now and status in JobStatus.RUNNABLE:
-                ending.expire_overdue(self.ctx, now)  # its unstarted requests elsewhere too
+            elif job_id in overdue:
                 why = RequestStatus.EXPIRED
             else:
                 continue
