@@ -62,7 +62,8 @@ class Settings(BaseSettings):
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     embedding_pooling: str = "last"  # /v1/embeddings: "last" token (decoder embedders) or "mean" of the prompt
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
-    engine: str = "batchinfer"  # "batchinfer" (LLMEngine) or "hf" (plain transformers, the reference)
+    engine: str = "batchinfer"  # "batchinfer" (LLMEngine), "hf" (plain transformers, the reference) or
+    # "null" (no model: one token per request at once, to benchmark the job system; only when named)
     max_requests_per_file: int = 50_000
     max_line_bytes: int = 1_000_000
     max_file_bytes: int = 200 * 1024 * 1024
@@ -132,8 +133,8 @@ class Settings(BaseSettings):
     @field_validator("engine")
     @classmethod
     def _engine(cls, value: str) -> str:
-        if value not in ("batchinfer", "hf"):
-            raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer' or 'hf', got {value!r}")
+        if value not in ("batchinfer", "hf", "null"):
+            raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer', 'hf' or 'null', got {value!r}")
         return value
 
     @field_validator("completion_window", "max_completion_window")

@@ -25,7 +25,8 @@ def engine_config(settings: Settings):
 
 
 def get_generator(settings: Settings):
-    """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf), loaded once per process."""
+    """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf, or the null engine when =null),
+    loaded once per process."""
     key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
            settings.kv_block_size, settings.embedding_pooling)
     if key not in _generators:
@@ -37,6 +38,10 @@ def get_generator(settings: Settings):
 
 
 def _load(settings: Settings):
+    if settings.engine == "null":  # only when named: the validator knows no other spelling, the default is batchinfer
+        from batchinfer.runtime.null_generator import NullGenerator
+
+        return NullGenerator.from_settings(settings)
     if settings.engine == "batchinfer":
         from batchinfer.engine import LLMEngine
 
