@@ -1,0 +1,66 @@
+"""The `batchinfer bench pipeline` command: run one batch through the job system on the null engine, write the raw
+results as JSON, print a table."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .load_command import _cpu_flags
+from .pipeline import PipelineOptions, run_pipeline
+from .process_command import _lscpu_model, _uptime
+
+
+def bench_pipeline_command(
+    requests: Annotated[int, typer.Option(help="requests in the one batch")] = 10_000,
+    workers: Annotated[int, typer.Option(help="`batchinfer worker` processes, each on the null engine")] = 1,
+    system_prompts: Annotated[int, typer.Option(help="distinct system prompts the requests share (1-8)")] = 8,
+    postgres: Annotated[str, typer.Option(help="PostgreSQL server URL; a fresh database is created on it")] = PipelineOptions.postgres,
+    redis: Annotated[str, typer.Option(help="start (a private redis-server) or a redis:// URL")] = "start",
+    storage: Annotated[str, typer.Option(help="s3 (start SeaweedFS), local, or s3://bucket/prefix")] = "s3",
+    timeout: Annotated[float, typer.Option(help="seconds before the run counts as stuck")] = 1800.0,
+    work_dir: Annotated[Path | None, typer.Option(help="inputs, outputs and logs (default: a new temp dir)")] = None,
+    out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-pipeline.json"),
+    keep: Annotated[bool, typer.Option(help="keep the database afterwards")] = False,
+) -> None:
+    """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W workers on the null engine (BATCHINFER_ENGINE=null); each phase timed."""
+    try:
+        options = PipelineOptions(requests, workers, system_prompts, postgres, redis, storage, timeout, keep)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    work = work_dir or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    machine = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "flags": _cpu_flags(),
+               "load_before": _uptime(), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    result = run_pipeline(options, work, progress=lambda line: typer.echo(line, err=True))
+    result["machine"] = machine | {"load_after": _uptime(),
+                                   "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    Console().print(table(result))
+    typer.echo(f"raw results: {out}; logs: {work}", err=True)
+    if not result["checks"]["ok"]:
+        for problem in result["checks"]["problems"]:
+            typer.echo(f"problem: {problem}", err=True)
+        raise typer.Exit(1)
+
+
+def table(result: dict) -> Table:
+    o, p = result["options"], result["phases_s"]
+    grid = Table(title=f"bench-pipeline: {o['requests']} requests ({result['input_mib']} MiB), {o['workers']} "
+                       f"null-engine workers, {result['units']} units", show_header=False)
+    grid.add_column("figure", style="bold")
+    grid.add_column("value")
+    grid.add_row("checks", "ok" if result["checks"]["ok"] else "FAILED: " + "; ".join(result["checks"]["problems"]))
+    for name, seconds in p.items():
+        grid.add_row(name.replace("_", " "), f"{seconds:.2f} s")
+    grid.add_row("throughput", f"{result['requests_per_s']:.0f} requests/s (upload start -> job completed)")
+    for name, mib in result["peak_rss_mib"].items():
+        grid.add_row(f"peak RSS {name}", f"{mib:.0f} MiB")
+    return grid
