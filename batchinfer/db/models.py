@@ -93,7 +93,9 @@ class Request(Base):
     """One valid input line of a job; `index` is its position among the job's valid lines."""
 
     __tablename__ = "requests"
-    __table_args__ = (Index("ix_requests_unit", "unit_id", "unit_pos"), Index("ix_requests_job_status", "job_id", "status"))
+    # (job_id, status, index): a move of one request is a one-row lookup on either index (migration 0009)
+    __table_args__ = (Index("ix_requests_unit", "unit_id", "unit_pos"),
+                      Index("ix_requests_job_status_index", "job_id", "status", "index"))
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
