@@ -185,3 +185,30 @@ def test_a_json_error_names_the_character_where_the_line_goes_wrong(tiny_tokeniz
     assert messages[0].endswith("at character 160: the line ends early (is the object cut short?)"), messages[0]
     column = missing_comma.index('"method"') + 1  # 1-based: where the comma should have been followed
     assert messages[1] == f"the line is not valid JSON: Expecting ',' delimiter at character {column}", messages[1]
+
+
+def test_chunked_validation_reports_exactly_what_line_by_line_validation_does(tiny_tokenizer, monkeypatch):
+    """Lines are tokenized a chunk at a time; indexes, error order (the error file is merged by line) and
+    duplicate detection stay those of one line at a time, also across chunk edges and a reader-found problem."""
+    import batchinfer.jobs.input.validation as validation
+
+    lines = [chat_line(f"c{i}", f"question {i}", 2) for i in range(40)]
+    lines[5] = "{not json"
+    lines[11] = chat_line("c3", "a duplicate", 2)
+    lines[17] = chat_line("c17", "x " * 300, 2)  # too long for max_line_bytes below: found by the reader
+    lines[23] = chat_line("c23", "too long a prompt", 8200)
+    lines[31] = json.dumps({"custom_id": "e1", "method": "POST", "url": "/v1/embeddings",
+                            "body": {"model": MODEL, "input": "embed me"}})
+    data = ("\n".join(lines) + "\n").encode()
+    found = []
+    for chunk in (1, 7, 256):
+        monkeypatch.setattr(validation, "CHUNK_LINES", chunk)
+        report, valid, invalid = _validate(tiny_tokenizer, data, max_line_bytes=500)
+        found.append(([(v.index, v.line, v.custom_id, v.prompt_token_ids) for v in valid],
+                      [(e.line, e.code) for e in invalid], report.error_count))
+    assert found[0] == found[1] == found[2]
+    valid, invalid, _ = found[0]
+    assert invalid == [(6, "invalid_json_line"), (12, "duplicate_custom_id"), (18, "line_too_long"),
+                       (24, "context_length_exceeded")]
+    assert [v[0] for v in valid] == list(range(len(lines) - 4))
+    assert [v[1] for v in valid if v[2] == "e1"] == [32]  # the embeddings line, prepared apart, in its place

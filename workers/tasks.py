@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from redis.exceptions import LockError
 
@@ -25,10 +26,16 @@ DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages 
 RUN_UNIT_TASK = "batchinfer.run_unit"
 
 
-def dispatch_units(ctx: AppContext) -> list[DispatchedUnit]:
-    """Plan what is pending and route it on the registry's view of the live workers (enqueues nothing)."""
+def dispatch_units(ctx: AppContext, on_units: Callable[[list[DispatchedUnit]], None] | None = None) -> list[DispatchedUnit]:
+    """Plan what is pending and route it on the registry's view of the live workers; on_units sees each batch
+    as it is committed (dispatch_and_send sends them then)."""
     loads = open_registry(ctx.settings).loads()
-    return dispatch(ctx, [w.name for w in loads], worker_loads=loads)
+    return dispatch(ctx, [w.name for w in loads], worker_loads=loads, on_units=on_units)
+
+
+def send_units(units: list[DispatchedUnit]) -> None:
+    for unit in units:
+        run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
 
 
 def dispatch_and_send(ctx: AppContext, incarnation: str | None = None) -> int:
@@ -41,9 +48,7 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None) -> int:
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
         return 0
     try:
-        units = dispatch_units(ctx)
-        for unit in units:
-            run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
+        units = dispatch_units(ctx, on_units=send_units)  # each batch sent once committed: the first run early
     finally:
         try:
             lock.release()

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
@@ -47,10 +49,12 @@ def planner_config(ctx: AppContext) -> PlannerConfig:
 
 
 UNITS_PER_COMMIT = 16
+INPUT_WRITERS = 8  # unit inputs go up this many at once: each is a small PUT, mostly a round trip
 
 
 def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: PlannerConfig | None = None,
-             worker_loads: list[WorkerLoad] | None = None) -> list[DispatchedUnit]:
+             worker_loads: list[WorkerLoad] | None = None,
+             on_units: Callable[[list[DispatchedUnit]], None] | None = None) -> list[DispatchedUnit]:
     """Plan every pending request into units, persist them, and return them in planner order.
 
     No lock is held across I/O: the plan is made from a snapshot, each unit's input is written to storage
@@ -59,7 +63,9 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     skipped: a unit holds only the requests it claimed.
 
     With worker_loads (the registry's view), the whole plan is routed at once (route_units);
-    otherwise each unit goes through choose_queue on the live worker names.
+    otherwise each unit goes through choose_queue on the live worker names. on_units sees each batch of
+    units as soon as it is committed (the caller sends them), so the first units run while the rest are
+    still being written.
     """
     with ctx.sessions() as session:
         jobs = {job.id: job for job in session.scalars(
@@ -78,11 +84,14 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
     planned = list(zip(plans, queues, levels))
     units = []
-    for start in range(0, len(planned), UNITS_PER_COMMIT):
-        batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
-        for unit_id, plan, _, _ in batch:
-            _write_input(ctx, unit_id, plan, prepared)
-        units += retrying(ctx.sessions, partial(_persist_units, batch=batch))
+    with ThreadPoolExecutor(INPUT_WRITERS, thread_name_prefix="unit-input") as writers:
+        for start in range(0, len(planned), UNITS_PER_COMMIT):
+            batch = [(f"unit_{uuid.uuid4().hex}", *entry) for entry in planned[start:start + UNITS_PER_COMMIT]]
+            list(writers.map(lambda entry: _write_input(ctx, entry[0], entry[1], prepared), batch))
+            persisted = retrying(ctx.sessions, partial(_persist_units, batch=batch))
+            if on_units is not None:
+                on_units(persisted)
+            units += persisted
     return units
 
 

@@ -77,6 +77,10 @@ class S3Storage(Storage):
     def open_write(self, key: str):
         with tempfile.SpooledTemporaryFile(max_size=PART_BYTES) as spool:
             yield spool
+            if spool.tell() < PART_BYTES:  # one PUT: the transfer manager's threads cost more than a small file
+                spool.seek(0)
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=spool.read())
+                return
             spool.seek(0)
             self.client.upload_fileobj(spool, self.bucket, self._key(key), Config=self._transfer)
 

@@ -96,11 +96,15 @@ def _read_lines(stream: BinaryIO, limits: ValidationLimits, report: ValidationRe
             yield number, raw
 
 
+CHUNK_LINES = 256  # lines parsed, then tokenized in one batch call, then reported in line order
+
+
 def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
                     on_valid: Callable[[PreparedRequest], None],
                     on_invalid: Callable[[LineError], None] | None = None) -> ValidationReport:
     report = ValidationReport()
     seen_ids: set[str] = set()
+    chunk: list[tuple[int, bytes]] = []
 
     def record(error: LineError) -> None:
         report.error_count += 1
@@ -109,20 +113,33 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
         if on_invalid and error.line is not None and not report.file_error:
             on_invalid(error)
 
-    for number, raw in _read_lines(stream, limits, report, record):
+    def flush() -> None:
+        """The chunk's lines, reported in line order (the error file stays sorted by line)."""
+        for problems, prepared in _check_chunk(chunk, report.valid, tokenizer, limits, seen_ids):
+            if prepared is None:
+                record(problems[0])
+                for problem in problems[1:]:
+                    _count_extra(report, problem, limits)
+            else:
+                report.valid += 1
+                on_valid(prepared)
+        chunk.clear()
+
+    def reader_error(error: LineError) -> None:  # a later line's problem: the lines before it go first
+        flush()
+        record(error)
+
+    for number, raw in _read_lines(stream, limits, report, reader_error):
         report.lines += 1
         if report.lines > limits.max_requests:
+            flush()
             report.file_error = True
             record(LineError(number, "too_many_requests", f"the file has more than {limits.max_requests} requests"))
             break
-        problems, prepared = _check_line(number, raw, report.valid, tokenizer, limits, seen_ids)
-        if prepared is None:
-            record(problems[0])
-            for problem in problems[1:]:
-                _count_extra(report, problem, limits)
-        else:
-            report.valid += 1
-            on_valid(prepared)
+        chunk.append((number, raw))
+        if len(chunk) >= CHUNK_LINES:
+            flush()
+    flush()
     if report.lines == 0 and not report.file_error:
         report.file_error = True
         record(LineError(None, "empty_file", "the file has no requests"))
@@ -144,14 +161,60 @@ class _Rejected(Exception):
         self.problems = problems
 
 
-def _check_line(number, raw, index, tokenizer, limits, seen_ids) -> tuple[list[LineError], PreparedRequest | None]:
-    try:
-        return [], _prepare(number, raw, index, tokenizer, limits, seen_ids)
-    except _Rejected as rejected:
-        return [LineError(number, *problem) for problem in rejected.problems], None
+@dataclass
+class _Parsed:
+    """A line that passed every check before tokenization; its prompt text waits for the chunk's batch encode."""
+
+    number: int
+    custom_id: str
+    url: str
+    model: str
+    body: Body
+    text: str
 
 
-def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> PreparedRequest:
+def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, limits: ValidationLimits,
+                 seen_ids: set[str]) -> list[tuple[list[LineError], PreparedRequest | None]]:
+    """(problems, prepared) per line, in order; indexes count the valid lines from first_index. The checks run
+    as they did one line at a time: parse and check the envelope and body, render the prompt, then (after the
+    chunk's one encode call) the checks on token counts and ids."""
+    parsed: list[_Parsed | PreparedRequest | list[LineError]] = []
+    for number, raw in chunk:  # in line order: the first line with a custom_id keeps it
+        try:
+            parsed.append(_parse_line(number, raw, tokenizer, limits, seen_ids))
+        except _Rejected as rejected:
+            parsed.append([LineError(number, *problem) for problem in rejected.problems])
+    texts = [p.text for p in parsed if isinstance(p, _Parsed)]
+    encoded = iter(_encode_batch(tokenizer, texts))
+    results: list[tuple[list[LineError], PreparedRequest | None]] = []
+    index = first_index
+    for p in parsed:
+        if isinstance(p, list):
+            results.append((p, None))
+            continue
+        try:
+            prepared = p if isinstance(p, PreparedRequest) else _prepare(p, next(encoded), index, tokenizer, limits)
+        except _Rejected as rejected:
+            results.append(([LineError(p.number, *problem) for problem in rejected.problems], None))
+            continue
+        prepared.index = index
+        index += 1
+        results.append(([], prepared))
+    return results
+
+
+def _encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
+    """One call for the chunk where the tokenizer has it (the fast tokenizer encodes a batch in Rust)."""
+    if not texts:
+        return []
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is not None:
+        return encode_batch(texts, add_special_tokens=False)
+    return [list(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+
+
+def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> _Parsed | PreparedRequest:
+    """Every check but those that need the token ids; an embeddings line is done here (index set by the caller)."""
     line, custom_id = _envelope(_decode(raw), seen_ids)
     model = line.body.get("model", limits.model_id)
     if model != limits.model_id:
@@ -160,8 +223,12 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
     _check_endpoint(line.url, limits.endpoint, custom_id)
     body = _body(line, custom_id)
     if isinstance(body, EmbeddingsBody):
-        return _prepare_embedding(index, number, custom_id, line.url, model, body, tokenizer, limits)
-    prompt_ids = list(tokenizer.encode(body.prompt_text(tokenizer), add_special_tokens=False))
+        return _prepare_embedding(0, number, custom_id, line.url, model, body, tokenizer, limits)
+    return _Parsed(number, custom_id, line.url, model, body, body.prompt_text(tokenizer))
+
+
+def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: ValidationLimits) -> PreparedRequest:
+    body, custom_id = p.body, p.custom_id
     sampling = body.params(limits.default_max_tokens)
     needed = len(prompt_ids) + sampling.max_tokens
     if needed > limits.max_model_len:
@@ -172,7 +239,7 @@ def _prepare(number, raw, index, tokenizer, limits: ValidationLimits, seen_ids: 
     _check_token_ids(sampling, len(tokenizer), custom_id)
     if isinstance(body, Sampling):  # chat and completions lines; responses lines take no constraint yet
         _check_constraint(body, custom_id)
-    return PreparedRequest(index, number, custom_id, line.url, model, prompt_ids, sampling, echo)
+    return PreparedRequest(index, p.number, custom_id, p.url, p.model, prompt_ids, sampling, echo)
 
 
 def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:

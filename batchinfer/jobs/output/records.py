@@ -3,7 +3,7 @@ and a unit's result lines (unit runner -> assembly, reports)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from batchinfer.engine.types import SamplingParams
@@ -33,8 +33,8 @@ class PreparedRequest:
     def to_dict(self) -> dict[str, Any]:
         # Shallow: asdict() deep-copies every prompt token id (~1 ms a request; validation and dispatch
         # each write every request once).
-        entry = {f.name: getattr(self, f.name) for f in fields(self)}
-        entry["sampling"] = asdict(self.sampling)
+        entry = {name: getattr(self, name) for name in _PREPARED_FIELDS}
+        entry["sampling"] = {name: getattr(self.sampling, name) for name in _SAMPLING_FIELDS}  # flat: no deep copy
         return entry
 
     def to_json(self) -> str:
@@ -51,6 +51,11 @@ class PreparedRequest:
     def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "") -> PendingRequest:
         return PendingRequest(job_id, self.index, tuple(self.prompt_token_ids), self.sampling.max_tokens,
                               priority, submitted_at, scope)
+
+
+_PREPARED_FIELDS = tuple(f.name for f in fields(PreparedRequest))
+# SamplingParams' values are scalars, tuples and one dict of scalars: json writes them as asdict() would
+_SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 @dataclass
