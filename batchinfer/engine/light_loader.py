@@ -10,10 +10,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from jinja2 import Template
+from batchinfer.engine.template_shapes import ShapeRenderer, contents_only_printed
 
 
 @lru_cache(maxsize=4)
@@ -34,7 +32,7 @@ class LightTokenizer:
         self.pad_token_id = self._tok.token_to_id(self.special["pad_token"]) if self.special["pad_token"] else None
         template = folder / "chat_template.jinja"
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
-        self._template: Template | None = None
+        self._template: ShapeRenderer | None = None
 
     def __len__(self) -> int:  # as transformers' tokenizers: the vocabulary with its added tokens
         return self._tok.get_vocab_size(with_added_tokens=True)
@@ -57,11 +55,10 @@ class LightTokenizer:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True):
-        text = self._compiled().render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       **self.special)
+        text = self._compiled().render(messages, add_generation_prompt)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
-    def _compiled(self) -> Template:
+    def _compiled(self) -> ShapeRenderer:
         if self._template is None:
             if not self.chat_template:
                 raise ValueError("the tokenizer has no chat template")
@@ -70,7 +67,8 @@ class LightTokenizer:
             # The same environment options transformers uses, so the rendering is identical.
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
-            self._template = env.from_string(self.chat_template)
+            self._template = ShapeRenderer(env.from_string(self.chat_template),
+                                           contents_only_printed(self.chat_template, env), self.special)
         return self._template
 
 
