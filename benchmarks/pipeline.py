@@ -5,6 +5,7 @@ requests/s, the peak RSS of every process, and checks that each custom_id came b
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ class PipelineOptions:
 
 
 def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
+    signal.signal(signal.SIGTERM, _interrupted)  # a `timeout` or kill still stops the services it started
     work.mkdir(parents=True, exist_ok=True)
     (path,) = write_job_files(work / "inputs", 1, options.requests, options.system_prompts, max_tokens=1)
     progress(f"starting services and {options.workers} null-engine workers (work dir {work})")
@@ -49,6 +51,10 @@ def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
         return _measure(options, cluster, names, path, progress)
     finally:
         cluster.close()
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _measure(options: PipelineOptions, cluster: LoadCluster, names: list[str], path: Path, progress) -> dict:

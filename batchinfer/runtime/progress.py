@@ -54,6 +54,7 @@ class UnitWatch:
         self._stopping: set[str] = set()  # handed to the engine (or about to be)
         self._to_abort: list[str] = []
         self._dirty = False
+        self._flushed = False  # this run wrote live rows (finish deletes them)
         self._steps_before = None
 
     @contextmanager
@@ -123,6 +124,8 @@ class UnitWatch:
                      "failed": t.failed, "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
                      "cached_tokens": t.cached_tokens, "updated_at": time.time()} for j, t in sorted(self._tally.items())]
 
+        self._flushed = True
+
         def work(session) -> None:
             if session.scalar(select(WorkUnit.attempts).where(WorkUnit.id == self.unit_id)) != self.attempt:
                 return
@@ -170,8 +173,9 @@ class UnitWatch:
             steps = stats.since(self._steps_before)
             model, machine = self.ctx.settings.model_id, engine_rates.machine_name()
             self._guarded(lambda: engine_rates.record(self.ctx, model, machine, steps))
-        self._guarded(lambda: retrying(self.ctx.sessions, lambda session: session.execute(
-            delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id, UnitProgress.attempt == self.attempt))))
+        if self._flushed:  # a unit shorter than flush_s wrote none: no round trip to drop them
+            self._guarded(lambda: retrying(self.ctx.sessions, lambda session: session.execute(
+                delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id, UnitProgress.attempt == self.attempt))))
 
     def _guarded(self, work) -> None:
         try:

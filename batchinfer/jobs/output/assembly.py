@@ -1,9 +1,17 @@
-"""Build a job's output and error files from its units' results: a streaming k-way merge in input order."""
+"""Build a job's output and error files from its units' results: a streaming k-way merge in input order.
+
+The units' result files are fetched first, several at once, into local files holding only this job's committed
+lines (`line ok record`), so the merge reads local disk, each file once; output and errors come out of one pass.
+"""
 from __future__ import annotations
 
 import heapq
 import json
-from typing import Iterator
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from sqlalchemy import select
 
@@ -15,19 +23,48 @@ from batchinfer.storage import Storage
 
 _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request finished"),
                      RequestStatus.EXPIRED: ("batch_expired", "the batch's completion window passed before this request finished")}
+FETCHERS = 8  # result files fetched at once: each is mostly a round trip
+MAX_OPEN = 256  # local files merged at once; more are merged in rounds (open files stay bounded)
+Record = tuple[int, bool, bytes]  # (input line, ok, output or error line)
 
 
-def _unit_records(storage: Storage, result_key: str, job_id: str, committed: set[int]) -> Iterator[tuple[int, bool, bytes]]:
-    """(line, ok, output line) of one job in one unit's result file (sorted by job, then index). Only the
-    requests this unit committed: a request cancelled while the unit ran is in the file but not counted."""
-    with storage.open_read(result_key) as stream:
+def _fetch(storage: Storage, result_key: str, job_id: str, uncounted: frozenset[int], target: Path) -> Path:
+    """This job's lines of one unit's result file (sorted by job, then index), except the requests the unit
+    did not commit (a request cancelled while the unit ran is in the file but not counted)."""
+    with storage.open_read(result_key) as stream, open(target, "wb") as out:
         for raw in stream:
             entry = UnitResult.from_json(raw)
-            if entry.job_id == job_id and entry.index in committed:
-                yield entry.line, entry.ok, formats.dumps(entry.record)
+            if entry.job_id == job_id and entry.index not in uncounted:
+                _write(out, (entry.line, entry.ok, formats.dumps(entry.record)))
+    return target
 
 
-def _invalid_records(storage: Storage, job_id: str) -> Iterator[tuple[int, bool, bytes]]:
+def _write(out: BinaryIO, record: Record) -> None:
+    out.write(b"%d %d " % (record[0], record[1]) + record[2])
+
+
+def _local_records(path: Path) -> Iterator[Record]:
+    with open(path, "rb") as stream:
+        for raw in stream:
+            line, ok, rest = raw.split(b" ", 2)
+            yield int(line), ok == b"1", rest
+
+
+def _merged_down(paths: list[Path], folder: Path) -> list[Path]:
+    """At most MAX_OPEN files: groups merged into one file each, in rounds."""
+    while len(paths) > MAX_OPEN:
+        merged = []
+        for start in range(0, len(paths), MAX_OPEN):
+            target = folder / f"merged-{len(paths)}-{start}"
+            with open(target, "wb") as out:
+                for record in heapq.merge(*map(_local_records, paths[start:start + MAX_OPEN]), key=lambda r: r[0]):
+                    _write(out, record)
+            merged.append(target)
+        paths = merged
+    return paths
+
+
+def _invalid_records(storage: Storage, job_id: str) -> Iterator[Record]:
     if not storage.exists(storage_keys.job_invalid(job_id)):
         return
     with storage.open_read(storage_keys.job_invalid(job_id)) as stream:
@@ -35,7 +72,7 @@ def _invalid_records(storage: Storage, job_id: str) -> Iterator[tuple[int, bool,
             yield json.loads(raw)["error"]["line"], False, raw
 
 
-def _unfinished_records(session, job_id: str) -> Iterator[tuple[int, bool, bytes]]:
+def _unfinished_records(session, job_id: str) -> Iterator[Record]:
     rows = session.execute(select(Request.index, Request.line, Request.custom_id, Request.status)
                            .where(Request.job_id == job_id, Request.status.in_(tuple(_UNFINISHED_CODES)))
                            .order_by(Request.index))
@@ -44,37 +81,37 @@ def _unfinished_records(session, job_id: str) -> Iterator[tuple[int, bool, bytes
         yield line, False, formats.dumps(formats.error_line(job_id, index, custom_id, code, message, line))
 
 
-def _result_keys(session, job_id: str) -> dict[str, set[int]]:
-    """Each committed unit's results file, with the indices of this job's requests it finished."""
-    query = (select(WorkUnit.result_key, Request.index).join(Request, Request.unit_id == WorkUnit.id)
-             .where(Request.job_id == job_id, Request.status.in_((RequestStatus.COMPLETED, RequestStatus.FAILED)),
-                    WorkUnit.result_key.is_not(None)))
-    found: dict[str, set[int]] = {}
-    for key, index in session.execute(query):
-        found.setdefault(key, set()).add(index)
-    return found
+def _result_keys(session, job_id: str) -> list[str]:
+    """The results file of each committed unit that holds requests of this job."""
+    return sorted(session.scalars(select(WorkUnit.result_key).join(Request, Request.unit_id == WorkUnit.id)
+                                  .where(Request.job_id == job_id, WorkUnit.result_key.is_not(None)).distinct()))
+
+
+def _uncounted(session, job_id: str) -> frozenset[int]:
+    """Requests of this job in a unit that its commit did not count (closed meanwhile): few, usually none."""
+    return frozenset(session.scalars(select(Request.index).where(
+        Request.job_id == job_id, Request.unit_id.is_not(None),
+        Request.status.not_in((RequestStatus.COMPLETED, RequestStatus.FAILED)))))
 
 
 def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
     """Write output.jsonl (always) and errors.jsonl (when any request failed); return their keys."""
-    result_keys = _result_keys(session, job_id)
-
-    def merged():
-        sources = [_unit_records(storage, key, job_id, result_keys[key]) for key in sorted(result_keys)]
-        return heapq.merge(*sources, key=lambda r: r[0])
-
-    with storage.open_write(storage_keys.job_output(job_id)) as out:
-        for _, ok, raw in merged():
-            if ok:
-                out.write(raw)
-    failed = (r for r in merged() if not r[1])
-    errors = heapq.merge(failed, _invalid_records(storage, job_id), _unfinished_records(session, job_id),
-                         key=lambda r: r[0])
-    first = next(errors, None)
-    if first is None:
-        return storage_keys.job_output(job_id), None
-    with storage.open_write(storage_keys.job_errors(job_id)) as out:
-        out.write(first[2])
-        for _, _, raw in errors:
-            out.write(raw)
-    return storage_keys.job_output(job_id), storage_keys.job_errors(job_id)
+    keys, uncounted = _result_keys(session, job_id), _uncounted(session, job_id)
+    output_key, error_key = storage_keys.job_output(job_id), storage_keys.job_errors(job_id)
+    with tempfile.TemporaryDirectory(prefix="assemble-") as local:
+        folder = Path(local)
+        with ThreadPoolExecutor(FETCHERS, thread_name_prefix="assemble") as fetchers:
+            paths = list(fetchers.map(lambda n_key: _fetch(storage, n_key[1], job_id, uncounted, folder / f"unit-{n_key[0]}"),
+                                      enumerate(keys)))
+        sources = [*map(_local_records, _merged_down(paths, folder)), _invalid_records(storage, job_id),
+                   _unfinished_records(session, job_id)]
+        with storage.open_write(output_key) as out, ExitStack() as lazy:
+            errors = None
+            for _, ok, raw in heapq.merge(*sources, key=lambda r: r[0]):
+                if ok:
+                    out.write(raw)
+                    continue
+                if errors is None:
+                    errors = lazy.enter_context(storage.open_write(error_key))
+                errors.write(raw)
+    return output_key, error_key if errors is not None else None
