@@ -5,6 +5,7 @@ requests/s, the peak RSS of every process, and checks that each custom_id came b
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -53,12 +54,43 @@ def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
         cluster.close()
 
 
+class PeakAndCpu(PeakMemory):
+    """Peak RSS, and CPU seconds (user + system, from /proc) of each process: the figure that load from other
+    processes on the machine changes least. A worker's CPU counts from its first reading after start-up."""
+
+    def __init__(self, every: float = 0.1):
+        super().__init__(every)
+        self.cpu_first: dict[str, float] = {}
+        self.cpu_last: dict[str, float] = {}
+
+    def tick(self) -> None:
+        super().tick()
+        with self._lock:
+            procs = dict(self.procs)
+        for name, proc in procs.items():
+            reading = _cpu_s(proc.pid) if proc.returncode is None else None
+            if reading is not None and proc.poll() is None:
+                self.cpu_first.setdefault(name, reading if name.startswith("worker:") else 0.0)
+                self.cpu_last[name] = reading
+
+    def cpu_used(self) -> dict[str, float]:
+        return {name: round(last - self.cpu_first[name], 2) for name, last in sorted(self.cpu_last.items())}
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _interrupted(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _measure(options: PipelineOptions, cluster: LoadCluster, names: list[str], path: Path, progress) -> dict:
-    memory = PeakMemory(every=0.1)
+    memory = PeakAndCpu(every=0.1)
     for name in names:
         memory.watch(f"worker:{name}", cluster.workers[name])
     memory.start()
@@ -79,6 +111,7 @@ def _measure(options: PipelineOptions, cluster: LoadCluster, names: list[str], p
             "units": units["count"],
             "requests_per_s": round(options.requests / (end_time(job) - stamps["imported"]), 1),
             "peak_rss_mib": {name: round(kib / 1024, 1) for name, kib in sorted(memory.peak_kib.items())},
+            "cpu_s": memory.cpu_used(), "load_average": os.getloadavg(),
             "checks": _check(out, err, options.requests, job)}
 
 

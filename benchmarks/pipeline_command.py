@@ -62,5 +62,6 @@ def table(result: dict) -> Table:
         grid.add_row(name.replace("_", " "), f"{seconds:.2f} s")
     grid.add_row("throughput", f"{result['requests_per_s']:.0f} requests/s (upload start -> job completed)")
     for name, mib in result["peak_rss_mib"].items():
-        grid.add_row(f"peak RSS {name}", f"{mib:.0f} MiB")
+        grid.add_row(f"{name}", f"peak RSS {mib:.0f} MiB, CPU {result['cpu_s'].get(name, 0):.1f} s")
+    grid.add_row("load average", " / ".join(f"{x:.1f}" for x in result["load_average"]) + " (1, 5, 15 min, at the end)")
     return grid
