@@ -30,7 +30,7 @@ def bench_pipeline_command(
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-pipeline.json"),
     keep: Annotated[bool, typer.Option(help="keep the database afterwards")] = False,
 ) -> None:
-    """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W workers on the null engine (BATCHINFER_ENGINE=null); each phase timed."""
+    """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W null-engine workers; each phase timed."""
     try:
         options = PipelineOptions(requests, workers, system_prompts, postgres, redis, storage, timeout, keep)
     except ValueError as exc:

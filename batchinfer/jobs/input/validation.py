@@ -115,10 +115,10 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
 
     def flush() -> None:
         """The chunk's lines, reported in line order (the error file stays sorted by line)."""
-        for problems, prepared in _check_chunk(chunk, report.valid, tokenizer, limits, seen_ids):
+        for found, prepared in _check_chunk(chunk, report.valid, tokenizer, limits, seen_ids):
             if prepared is None:
-                record(problems[0])
-                for problem in problems[1:]:
+                record(found[0])
+                for problem in found[1:]:
                     _count_extra(report, problem, limits)
             else:
                 report.valid += 1
@@ -192,11 +192,14 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
         if isinstance(p, list):
             results.append((p, None))
             continue
-        try:
-            prepared = p if isinstance(p, PreparedRequest) else _prepare(p, next(encoded), index, tokenizer, limits)
-        except _Rejected as rejected:
-            results.append(([LineError(p.number, *problem) for problem in rejected.problems], None))
-            continue
+        if isinstance(p, PreparedRequest):  # an embeddings line, done at parsing
+            prepared = p
+        else:
+            try:
+                prepared = _prepare(p, next(encoded), index, tokenizer, limits)
+            except _Rejected as rejected:
+                results.append(([LineError(p.number, *problem) for problem in rejected.problems], None))
+                continue
         prepared.index = index
         index += 1
         results.append(([], prepared))
