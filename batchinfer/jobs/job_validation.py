@@ -11,7 +11,7 @@ import logging
 import time
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job
+from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
 from batchinfer.jobs.output import formats
 from batchinfer.jobs import storage_keys
@@ -52,7 +52,17 @@ def _validate_job(ctx: AppContext, job_id: str) -> Job:
         report = _validate(ctx, job, token)
     except state.ValidationSuperseded:
         return _get(ctx, job_id)
-    return state.finish_validation(ctx, job_id, token, report, _runs(job, report))
+    job = state.finish_validation(ctx, job_id, token, report, _runs(job, report))
+    if job.status == JobStatus.QUEUED:
+        _refresh_statistics(ctx, report.valid)
+    return job
+
+
+def _refresh_statistics(ctx: AppContext, rows: int) -> None:
+    try:
+        state.refresh_statistics(ctx, rows)
+    except Exception as exc:  # an optimisation: the job is queued whether or not it ran
+        log.warning("could not refresh the requests table's statistics: %s", one_line(exc))
 
 
 def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
