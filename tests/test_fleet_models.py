@@ -92,3 +92,14 @@ def test_dispatch_plans_each_model_apart_and_routes_to_its_workers(fleet):
     assert by_model[OTHER] <= {worker_queue("w-other"), model_queue(OTHER)}
     assert worker_queue("w-other") in by_model[OTHER] and model_queue(OTHER) in by_model[OTHER]  # group; lone
     assert sum(u.num_requests for u in units) == 10 and mine.model == DEFAULT and other.model == OTHER
+
+
+def test_a_plan_uses_its_models_tokenizer_and_workers(fleet):
+    import io
+
+    from batchinfer.cluster.registry import WorkerState
+    from batchinfer.runtime.preview import summary
+
+    source = io.BytesIO(("\n".join(completion_line(f"p{i}", "hello there", model=OTHER) for i in range(3)) + "\n").encode())
+    plan = summary(fleet, source, [WorkerState("w-default", model=DEFAULT), WorkerState("w-other", model=OTHER)])
+    assert plan["ok"] and plan["requests"] == 3 and plan["workers"] == 1, plan

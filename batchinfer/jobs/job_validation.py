@@ -19,7 +19,7 @@ from batchinfer.jobs.faults import is_transient
 from batchinfer.jobs.state import validation as state
 from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
 from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
-from batchinfer.jobs.input.validation import (LineError, PreparedRequest, ValidationLimits, ValidationReport, first_named_model,
+from batchinfer.jobs.input.validation import (LineError, PreparedRequest, ValidationLimits, ValidationReport, peek_model,
                                               unserved_model_report, validate_stream)
 from batchinfer.jobs.served_models import ServedModel, model_settings, served_models
 from batchinfer.settings import Settings
@@ -111,16 +111,13 @@ class ModelUnavailable(BatchInferError):
     """The batch's model is served, but its checkpoint is not readable where validation runs."""
 
 
-def batch_model(ctx: AppContext, job: Job) -> str:
+def batch_model(ctx: AppContext, named: str | None, submitted: str = "") -> str:
     """The batch's model: the one its submit named, else the one its first line names, else this process's
     default (lines may leave `model` out)."""
-    if job.model:
-        return job.model
-    with ctx.storage.open_read(_input_key(job)) as source:
-        return first_named_model(source, ctx.settings.max_line_bytes) or ctx.settings.model_id
+    return submitted or named or ctx.settings.model_id
 
 
-def _model_tokenizer(ctx: AppContext, model: ServedModel):
+def model_tokenizer(ctx: AppContext, model: ServedModel):
     """(settings, tokenizer, context length) of the batch's model; its weights are not loaded."""
     settings = model_settings(ctx.settings, model)
     try:
@@ -139,10 +136,7 @@ def _input_key(job: Job) -> str:
 def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl.
     A batch whose model nobody serves fails whole, naming the served models."""
-    model = batch_model(ctx, job)
     served = served_models(ctx)
-    if model not in served and job.endpoint == MESSAGES_ENDPOINT:
-        model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
     rows: list[dict] = []
     beat_at = time.monotonic()
 
@@ -152,9 +146,14 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             state.add_requests(ctx, job.id, token, rows)
             beat_at = time.monotonic()
 
-    with (ctx.storage.open_read(_input_key(job)) as source,
+    with (ctx.storage.open_read(_input_key(job)) as stored,
           ctx.storage.open_write(storage_keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
+        named, source = peek_model(stored, ctx.settings.max_line_bytes)
+        model = batch_model(ctx, named, job.model)
+        if model not in served and job.endpoint == MESSAGES_ENDPOINT:
+            model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
+
         def on_valid(req: PreparedRequest) -> None:
             prepared.write(req.to_json().encode() + b"\n")
             rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
@@ -166,7 +165,7 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             commit_when_due()
 
         if model in served:
-            settings, tokenizer, max_model_len = _model_tokenizer(ctx, served[model])
+            settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
             limits = validation_limits(settings, max_model_len, tuple(served))
             limits.endpoint = job.endpoint
             report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)

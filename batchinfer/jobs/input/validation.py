@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable, TypeVar
+from typing import BinaryIO, Callable, Iterable, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -153,15 +153,36 @@ def _other_model(model, limits: ValidationLimits, custom_id) -> tuple[str, str, 
 
 def first_named_model(stream: BinaryIO, max_line_bytes: int) -> str | None:
     """The model the first non-blank line names (None: it names none, or it is no request line at all)."""
+    return peek_model(stream, max_line_bytes)[0]
+
+
+def peek_model(stream: BinaryIO, max_line_bytes: int) -> tuple[str | None, BinaryIO]:
+    """first_named_model, and a stream that reads from the start again (what was read is replayed)."""
+    head: list[bytes] = []
     while raw := stream.readline(max_line_bytes + 1):
+        head.append(raw)
         if raw.strip():
-            try:
-                body = json.loads(raw).get("body")
-                model = body.get("model") if isinstance(body, dict) else None
-            except (ValueError, AttributeError):
-                return None
-            return model if isinstance(model, str) and model else None
-    return None
+            return _named_model(raw), cast(BinaryIO, _Replay(head, stream))
+    return None, cast(BinaryIO, _Replay(head, stream))
+
+
+def _named_model(raw: bytes) -> str | None:
+    try:
+        body = json.loads(raw).get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+    except (ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) and model else None
+
+
+class _Replay:
+    """A stream's lines already read, then the rest of it: validation reads it by readline(size) only."""
+
+    def __init__(self, head: list[bytes], rest: BinaryIO):
+        self.head, self.rest = head, rest
+
+    def readline(self, size: int = -1) -> bytes:
+        return self.head.pop(0) if self.head else self.rest.readline(size)
 
 
 def _count_extra(report: ValidationReport, error: LineError, limits: ValidationLimits) -> None:
