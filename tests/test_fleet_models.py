@@ -103,3 +103,11 @@ def test_a_plan_uses_its_models_tokenizer_and_workers(fleet):
     source = io.BytesIO(("\n".join(completion_line(f"p{i}", "hello there", model=OTHER) for i in range(3)) + "\n").encode())
     plan = summary(fleet, source, [WorkerState("w-default", model=DEFAULT), WorkerState("w-other", model=OTHER)])
     assert plan["ok"] and plan["requests"] == 3 and plan["workers"] == 1, plan
+
+
+def test_a_served_model_whose_tokenizer_is_missing_here_fails_its_batch_naming_no_path(make_context, tmp_path):
+    ctx = make_context(models={"ghost": str(tmp_path / "nowhere")})
+    job = submit_lines(ctx, [chat_line("a", "hi", model="ghost")])
+    assert job.status == "failed" and len(job.errors) == 1
+    message = job.errors[0]["message"]
+    assert "model 'ghost' is served, but its tokenizer is not readable" in message and "nowhere" not in message
