@@ -19,14 +19,19 @@ FINAL = ("completed", "failed", "cancelled", "expired")
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, model_cache, postgres_server, redis_server, s3_server, s3_bucket):
-    """(base URL, admin headers, worker names by model, database URL)."""
-    import psycopg
-
+def checkpoint(tmp_path_factory):
+    """A tiny random Llama checkpoint (safetensors, tokenizer, chat template), written by transformers."""
     from tests.engine.tiny_families import build_family_checkpoint
 
+    return build_family_checkpoint("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, checkpoint, model_cache, postgres_server, redis_server, s3_server, s3_bucket):
+    """(base URL, admin headers, worker names by model, database URL, env, folder of the logs)."""
+    import psycopg
+
     root = tmp_path_factory.mktemp("fleet")
-    checkpoint = build_family_checkpoint("llama", root / "tiny-llama")
     db = f"batchinfer_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(postgres_server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
@@ -50,7 +55,7 @@ def fleet(tmp_path_factory, model_cache, postgres_server, redis_server, s3_serve
         assert made.returncode == 0, made.stderr
         headers = {"Authorization": f"Bearer {json.loads(made.stdout)['key']}"}
         wait_for(lambda: {m["id"] for m in _models(url, headers) if m["live"]} == {SMOL, TINY}, "both workers live", 240, 1)
-        yield url, headers, names, db_url
+        yield url, headers, names, db_url, env, root
     finally:
         for proc in procs:
             stop(proc)
@@ -98,7 +103,7 @@ def _units(db_url: str) -> list[tuple[str, str, str]]:
 
 
 def test_two_models_run_each_on_its_own_workers(fleet):
-    url, headers, names, db_url = fleet
+    url, headers, names, db_url, env, root = fleet
     listed = {m["id"]: (m["live"], m["configured"]) for m in _models(url, headers)}
     assert listed == {SMOL: (True, True), TINY: (True, False), GHOST: (False, True)}
 
@@ -128,3 +133,38 @@ def test_two_models_run_each_on_its_own_workers(fleet):
     assert f'batchinfer_model_batches{{model="{TINY}",status="completed"}} 1.0' in metrics
     workers = httpx.get(f"{url}/v1/dashboard/workers", headers=headers).json()["data"]
     assert {w["name"]: w["model"] for w in workers if w["alive"]} == {names[SMOL]: SMOL, names[TINY]: TINY}
+
+
+def test_a_unit_sent_to_a_worker_of_another_model_goes_on_to_its_own(fleet):
+    """A message that reaches the wrong model's worker (one from before fleets, a path that knows no models)
+    is passed on to the unit's model queue, never run on the wrong model."""
+    from batchinfer.cluster.routing import worker_queue
+    from batchinfer.settings import Settings
+    from workers.celery_app import make_app
+    from workers.tasks import RUN_UNIT_TASK
+
+    url, headers, names, db_url, env, root = fleet
+    (unit_id,) = {u for m, u in _unit_ids(db_url) if m == TINY}
+    settings = Settings(broker_url=env["BATCHINFER_BROKER_URL"], broker_prefix=env["BATCHINFER_BROKER_PREFIX"])
+    seen = (root / "tiny.log").read_text().count(unit_id)  # Celery logs each run's result, which names the unit
+    make_app(settings).send_task(RUN_UNIT_TASK, args=[unit_id], queue=worker_queue(names[SMOL]))
+    wait_for(lambda: f"unit {unit_id} is for model {TINY}, not this worker's" in (root / "smol.log").read_text(),
+             "the smol worker to pass the unit on", 60, 0.5)
+    wait_for(lambda: (root / "tiny.log").read_text().count(unit_id) > seen, "the tiny worker to run it again", 60, 0.5)
+
+
+def _unit_ids(db_url: str) -> list[tuple[str, str]]:
+    import psycopg
+
+    with psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        return conn.execute("SELECT model, id FROM work_units").fetchall()
+
+
+def test_run_takes_any_checkpoint_embedded_under_the_model_its_lines_name(checkpoint, model_cache, tmp_path):
+    src, out = tmp_path / "batch.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(chat_line(f"r{i}", "Hello!", max_tokens=3, model="my-tiny") for i in range(2)) + "\n")
+    ran = batchinfer(cli_env(tmp_path, model_cache), "run", str(src), "-o", str(out), "--model", str(checkpoint))
+    assert ran.returncode == 0, ran.stderr
+    outputs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [o["response"]["body"]["model"] for o in outputs] == ["my-tiny", "my-tiny"]
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] >= 1 for o in outputs)
