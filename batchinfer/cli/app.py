@@ -214,7 +214,7 @@ def _summary(job, output: Path | None = None) -> None:
 @app.command()
 @friendly_errors
 def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
-           model: str | None = typer.Option(None, help="model id (default: the served model)"),
+           model: str | None = typer.Option(None, help="the batch's model id (default: the one its first line names)"),
            metadata: list[str] = typer.Option([], "--metadata", "-m", help="key=value, repeatable"),
            completion_window: str | None = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
