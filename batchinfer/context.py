@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,6 +16,9 @@ class AppContext:
     settings: Settings
     sessions: sessionmaker[Session]
     storage: Storage
+    # model id -> checkpoint of what live workers serve (cluster.registry), set where a broker is: the job
+    # system's layer cannot read the registry itself. None: the configuration's models only (embedded)
+    live_models: Callable[[], dict[str, str | None]] | None = None
 
     @classmethod
     def create(cls, settings: Settings, migrate: bool | None = None) -> "AppContext":

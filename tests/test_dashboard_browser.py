@@ -126,7 +126,7 @@ def test_dashboard_shows_progress_and_groups_cancels_and_hides_other_keys(stack,
         row.click()
 
         def done_count():
-            return int(row.locator("td").nth(3).inner_text().split("/")[0])
+            return int(row.locator("td").nth(4).inner_text().split("/")[0])  # Requests: done/total
 
         first = _wait(lambda: done_count() or None, "the first finished requests", 240)
         _wait(lambda: done_count() > first, "progress to move", 240)

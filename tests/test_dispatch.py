@@ -23,8 +23,8 @@ def test_pending_requests_of_all_queued_jobs_are_planned_once(make_context):
         unit_rows = session.scalars(select(WorkUnit)).all()
         ids = {u.queue: sorted(session.scalars(select(Request.custom_id).where(Request.unit_id == u.unit_id)))
                for u in units}
-    # The group sharing SHARED goes to the only live worker's own queue; the lone request to the shared one.
-    assert ids == {"batchinfer.worker.w1": ["a1", "a2"], "batchinfer": ["b1"]}
+    # The group sharing SHARED goes to the only live worker's own queue; the lone request to its model's queue.
+    assert ids == {"batchinfer.worker.w1": ["a1", "a2"], "batchinfer.model.smollm2-135m-instruct": ["b1"]}
     assert {r.job_id for r in rows} == {a.id, b.id} and all(r.status == "planned" and r.unit_id for r in rows)
     assert {u.id for u in unit_rows} == {u.unit_id for u in units}
     assert all(ctx.storage.exists(u.input_key) for u in unit_rows)

@@ -225,3 +225,24 @@ def test_each_service_level_gets_its_own_broker_priority_step_in_order():
     # kombu's Redis transport serves the lists of steps 0, 3, 6, 9 in that order; priorities between steps
     # would share a list, so each level must land on a step of its own.
     assert [broker_priority(level) for level in range(SERVICE_LEVELS)] == [0, 3, 6, 9]
+
+
+def test_a_fleet_of_models_steals_drains_and_finds_units_within_each_model(registry):
+    from batchinfer.cluster.routing import model_queue
+
+    registry = WorkerRegistry(registry.conn, registry.key_prefix, ttl_s=60)  # nobody goes silent here
+    registry.beat(WorkerState("a1", busy=True, model="m-a", model_path="/models/a"))
+    registry.beat(WorkerState("b1", busy=True, model="m-b"))
+    registry.beat(WorkerState("a2", model="m-a"))
+    push(registry, worker_queue("b1"), "b-unit")
+    assert registry.steal_one("a2", "m-a") is None  # a unit of another model is never taken
+    push(registry, worker_queue("a1"), "a-old", "a-new")
+    assert registry.steal_one("a2", "m-a") == "a1"
+    assert contents(registry, model_queue("m-a")) == ["a-new"] and contents(registry, SHARED_QUEUE) == []
+    assert registry.live_models() == {"m-a": "/models/a", "m-b": None}
+    assert {w.name: w.model for w in registry.loads()} == {"a1": "m-a", "a2": "m-a", "b1": "m-b"}
+    dead = {w.name: w for w in registry.live()}["b1"]
+    assert registry.drain(dead.queue, dead.pool_queue) == 1 and contents(registry, model_queue("m-b")) == ["b-unit"]
+    message = json.dumps({"body": "e30=", "headers": {"task": "batchinfer.run_unit", "argsrepr": "['unit_mb']"}})
+    push(registry, model_queue("m-b"), message)
+    assert registry.queued_unit_ids() == {"unit_mb"}  # the sweep sees units waiting in a model's queue

@@ -1,4 +1,5 @@
-"""`batchinfer worker`: one Celery worker process that loads the model once and runs units one at a time.
+"""`batchinfer worker`: one Celery worker process that loads its model once and runs units one at a time.
+It serves one model (BATCHINFER_MODEL / BATCHINFER_MODEL_ID, or `--model` / `--model-id`) and announces it.
 
 Beside Celery runs the worker agent: it publishes this worker's state (incarnation, the unit it runs),
 steals units queued for a busy peer when idle, and runs the sweep (batchinfer.cluster.sweep) when due.
@@ -12,7 +13,7 @@ import warnings
 from celery import signals
 
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
+from batchinfer.cluster.routing import SHARED_QUEUE, model_queue, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
@@ -27,7 +28,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
 
     settings = get_settings()
     name = name or settings.worker_name or socket.gethostname()
-    all_queues = list(dict.fromkeys([SHARED_QUEUE, worker_queue(name), *queues]))
+    # the shared queue (dispatch, validation) and the units for this worker and for any worker of its model
+    all_queues = list(dict.fromkeys([SHARED_QUEUE, worker_queue(name), model_queue(settings.model_id), *queues]))
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_):
@@ -39,7 +41,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         process = this_process()
         hooks = tasks.sweep_hooks(process)
         process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
-                                    lambda: maybe_sweep(process.ctx, reg, hooks)).start()
+                                    lambda: maybe_sweep(process.ctx, reg, hooks), model=settings.model_id,
+                                    model_path=settings.model).start()
         process.webhooks = DeliveryLoop(process.ctx).start()
 
     @signals.worker_shutting_down.connect(weak=False)

@@ -43,4 +43,8 @@ class WorkerProcess:
 
 @lru_cache(maxsize=1)
 def this_process() -> WorkerProcess:
-    return WorkerProcess(AppContext.create(get_settings(), migrate=False))
+    from batchinfer.cluster.registry import live_models_reader
+
+    ctx = AppContext.create(get_settings(), migrate=False)
+    ctx.live_models = live_models_reader(ctx.settings)
+    return WorkerProcess(ctx)

@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from redis.exceptions import LockError
+from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus, WorkUnit
@@ -14,7 +15,7 @@ from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.registry import open_registry
-from batchinfer.cluster.routing import SHARED_QUEUE
+from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
 from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
@@ -69,6 +70,12 @@ def run_unit_task(self, unit_id: str) -> dict:
     process = this_process()
     ctx, agent = process.ctx, process.agent
     worker = (self.request.hostname or "worker").split("@")[0]
+    elsewhere = _other_model(ctx, unit_id)
+    if elsewhere is not None:  # sent here by a path that knows no models (an old message): to its model's workers
+        priority = (self.request.delivery_info or {}).get("priority")
+        run_unit_task.apply_async(args=[unit_id], queue=model_queue(elsewhere), priority=priority)
+        log.info("unit %s is for model %s, not this worker's: sent to its queue", unit_id, elsewhere)
+        return {"unit_id": unit_id, "committed": False, "completed": 0}
     started = time.time()
     if agent is not None:
         agent.unit_started(unit_id)
@@ -88,6 +95,17 @@ def run_unit_task(self, unit_id: str) -> dict:
             agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
                                 time.time() - started)
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
+
+
+def _unit_model(ctx: AppContext, unit_id: str) -> str | None:
+    with ctx.sessions() as session:
+        return session.scalar(select(WorkUnit.model).where(WorkUnit.id == unit_id))
+
+
+def _other_model(ctx: AppContext, unit_id: str) -> str | None:
+    """The unit's model when it is not this worker's (None: this worker's, or a unit from before models)."""
+    model = _unit_model(ctx, unit_id)
+    return model if model and model != ctx.settings.model_id else None
 
 
 def _note_error(ctx: AppContext, unit_id: str, cause: str) -> None:
@@ -112,8 +130,10 @@ def sweep_hooks(process: WorkerProcess) -> SweepHooks:
 
 
 def requeue_unit(unit_id: str) -> None:
-    """Run a unit again (the sweep found it lost); the unit runner's fence keeps it from counting twice."""
-    run_unit_task.apply_async(args=[unit_id], queue=SHARED_QUEUE)
+    """Run a unit again (the sweep found it lost) on a worker of its model; the unit runner's fence keeps it
+    from counting twice."""
+    model = _unit_model(this_process().ctx, unit_id)
+    run_unit_task.apply_async(args=[unit_id], queue=model_queue(model) if model else SHARED_QUEUE)
 
 
 def trigger_dispatch(countdown: float | None = None) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
@@ -10,7 +11,9 @@ from batchinfer.api import access_log, anthropic_batches, batches, dashboard, er
 from batchinfer.api.auth import api_key
 from batchinfer.api.guard import Guard
 from batchinfer.api.work import WorkQueue
+from batchinfer.cluster.registry import live_models_reader
 from batchinfer.context import AppContext
+from batchinfer.jobs.served_models import served_models
 from batchinfer.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -19,6 +22,7 @@ STATIC_DIR = Path(__file__).with_name("static")
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     ctx = AppContext.create(settings)
+    ctx.live_models = live_models_reader(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -41,8 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/v1/models", dependencies=[Depends(api_key)])
     def models() -> dict:
-        return {"object": "list", "data": [{"id": settings.model_id, "object": "model", "created": 0,
-                                            "owned_by": "batchinfer"}]}
+        return {"object": "list", "data": model_list(ctx)}
 
     app.include_router(files.router)
     app.include_router(batches.router)
@@ -54,6 +57,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
     return app
+
+
+def model_list(ctx: AppContext) -> list[dict]:
+    """OpenAI's model objects, plus ours: `live` (a live worker serves it now; None: the registry is unreachable,
+    or there is no broker and this process runs what it serves) and `configured` (its tokenizer is known here)."""
+    try:
+        served, reachable = served_models(ctx), True
+    except ConnectionError:
+        served, reachable = served_models(replace(ctx, live_models=None)), False
+    known = reachable and ctx.live_models is not None
+    return [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
+             "live": m.live if known else None, "configured": m.configured} for m in served.values()]
 
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:

@@ -57,6 +57,6 @@ def workers(ctx: AppContext = Depends(context), key: ApiKey = Depends(api_key)) 
 
 
 def _worker(state, alive: bool) -> dict:
-    return {"name": state.name, "alive": alive, "busy": state.busy and alive, "unit_id": state.unit_id if alive else None,
+    return {"name": state.name, "model": state.model, "alive": alive, "busy": state.busy and alive, "unit_id": state.unit_id if alive else None,
             "tokens_per_s": state.decode_tokens_per_s or state.prefill_tokens_per_s,
             "prefix_groups": list(state.prefix_keys), "units_done": state.units_done, "beat_at": state.beat_at}

@@ -1,5 +1,5 @@
-"""GET /metrics (Prometheus): batches by status, requests and tokens from SQL at scrape time, queue depth and
-throughput per worker from the registry, and HTTP latency. For operators only: an admin key or
+"""GET /metrics (Prometheus): batches by status and by model, requests and tokens from SQL at scrape time, queue
+depth, throughput and model per worker from the registry, and HTTP latency. For operators only: an admin key or
 BATCHINFER_METRICS_TOKEN (api/guard.py)."""
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ class _JobCollector:
 
     def collect(self):
         with self.ctx.sessions() as session:
-            by_status = session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+            by_model = session.execute(select(Job.model, Job.status, func.count()).group_by(Job.model, Job.status)).all()
+            by_status: dict[str, int] = {}
+            for _, status, count in by_model:
+                by_status[status] = by_status.get(status, 0) + count
             committed = session.execute(select(func.coalesce(func.sum(Job.completed), 0), func.coalesce(func.sum(Job.failed), 0),
                                           func.coalesce(func.sum(Job.prompt_tokens), 0),
                                           func.coalesce(func.sum(Job.cached_tokens), 0),
@@ -31,9 +34,13 @@ class _JobCollector:
         sums = (committed[0] + live.completed, committed[1] + live.failed, committed[2] + live.prompt_tokens,
                 committed[3] + live.cached_tokens, committed[4] + live.completion_tokens)
         batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
-        for status, count in by_status:
+        for status, count in by_status.items():
             batches.add_metric([str(status)], count)
         yield batches
+        per_model = GaugeMetricFamily("batchinfer_model_batches", "Batches by model and status", labels=["model", "status"])
+        for model, status, count in by_model:
+            per_model.add_metric([model or "", str(status)], count)  # "": a batch still validating names none yet
+        yield per_model
         requests = GaugeMetricFamily("batchinfer_requests", "Requests finished, by outcome", labels=["outcome"])
         requests.add_metric(["completed"], sums[0])
         requests.add_metric(["failed"], sums[1])
@@ -48,22 +55,29 @@ class _JobCollector:
         if self.ctx.settings.embedded:
             return
         from batchinfer.cluster.registry import open_registry
-        from batchinfer.cluster.routing import SHARED_QUEUE
+        from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
 
         try:
             registry = open_registry(self.ctx.settings)
             live = registry.live()
-            depth = GaugeMetricFamily("batchinfer_queue_depth", "Messages waiting per worker queue", labels=["queue"])
+            depth = GaugeMetricFamily("batchinfer_queue_depth", "Messages waiting per queue (shared, worker, model)",
+                                      labels=["queue"])
             depth.add_metric([SHARED_QUEUE], registry.queue_depth(SHARED_QUEUE))
             rate = GaugeMetricFamily("batchinfer_worker_tokens_per_second", "Measured prefill tokens/s per worker",
                                      labels=["worker"])
+            info = GaugeMetricFamily("batchinfer_worker_model", "The model each live worker serves (always 1)",
+                                     labels=["worker", "model"])
             for worker in live:
                 depth.add_metric([worker.queue], registry.queue_depth(worker.queue))
                 rate.add_metric([worker.name], worker.prefill_tokens_per_s or 0.0)
+                info.add_metric([worker.name, worker.model], 1)
+            for model in sorted({w.model for w in live if w.model}):
+                depth.add_metric([model_queue(model)], registry.queue_depth(model_queue(model)))
         except Exception:  # Redis down: the job figures still come out
             return
         yield depth
         yield rate
+        yield info
 
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})  # any other: "other"

@@ -68,9 +68,13 @@ def _context(embedded: bool = False):
     except ValidationError as exc:
         first = exc.errors()[0]
         raise BatchInferError(f"invalid setting: {first['msg']}") from None
+    from batchinfer.cluster.registry import live_models_reader
+
     if embedded:
         settings = settings.model_copy(update={"broker_url": None})
-    return AppContext.create(settings)
+    ctx = AppContext.create(settings)
+    ctx.live_models = live_models_reader(settings)  # None in the embedded mode
+    return ctx
 
 
 DTYPE_HELP = "engine dtype: auto (bf16 where the hardware runs it natively), float32 or bfloat16"
@@ -83,6 +87,30 @@ def _force_dtype(dtype: str | None) -> None:
     from batchinfer.settings import get_settings
 
     os.environ["BATCHINFER_DTYPE"] = dtype
+    get_settings.cache_clear()
+
+
+MODEL_HELP = "checkpoint to serve: a Hugging Face folder or a .gguf file (default: BATCHINFER_MODEL, else SmolLM2)"
+MODEL_ID_HELP = "the name batches use for --model (default: the folder's or file's name)"
+
+
+def _force_model(model: Path | None, model_id: str | None, fallback_id: str | None = None) -> None:
+    """--model / --model-id win over BATCHINFER_MODEL / BATCHINFER_MODEL_ID, for this process and the worker
+    processes it starts. The id of a --model without --model-id: fallback_id, else its folder's or file's name."""
+    if model is None and model_id is None:
+        return
+    from batchinfer.settings import check_model_id, get_settings
+
+    if model is not None:
+        if not model.exists():
+            raise BatchInferError(f"--model: no file or folder {shown(str(model))}")
+        os.environ["BATCHINFER_MODEL"] = str(model.resolve())
+        model_id = model_id or fallback_id or model.stem
+    if model_id is not None:
+        try:
+            os.environ["BATCHINFER_MODEL_ID"] = check_model_id(model_id, "--model-id")
+        except ValueError as exc:
+            raise BatchInferError(str(exc)) from None
     get_settings.cache_clear()
 
 
@@ -152,6 +180,16 @@ def _report_invalid_batch(batch: dict, as_json: bool) -> None:
     raise typer.Exit(EXIT_INVALID_INPUT)
 
 
+def _first_named_model(file: Path) -> str | None:
+    from batchinfer.jobs.input.validation import first_named_model
+
+    try:
+        with open(file, "rb") as source:
+            return first_named_model(source, 1_000_000)
+    except OSError:  # the submit names the problem
+        return None
+
+
 def _open_input(path: Path):
     if not path.is_file():
         raise BatchInferError(f"no such file: {path}")
@@ -176,7 +214,7 @@ def _summary(job, output: Path | None = None) -> None:
 @app.command()
 @friendly_errors
 def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
-           model: str | None = typer.Option(None, help="model id (default: the served model)"),
+           model: str | None = typer.Option(None, help="the batch's model id (default: the one its first line names)"),
            metadata: list[str] = typer.Option([], "--metadata", "-m", help="key=value, repeatable"),
            completion_window: str | None = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
@@ -438,9 +476,15 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
         errors: Path | None = typer.Option(None, "--errors", help="where to write the error file"),
         skip_invalid: bool = typer.Option(False, help="run the valid lines; bad ones go to the error file"),
-        dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP)):
+        dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP),
+        model: Path | None = typer.Option(None, "--model", help=MODEL_HELP),
+        model_id: str | None = typer.Option(None, "--model-id", help="the name the lines use for --model (default: "
+                                            "the model the first line names, else the folder's or file's name)")):
     """Validate, plan and run a file in this process (no services needed), then write the results."""
     _force_dtype(dtype)
+    if model is not None and model_id is None:
+        model_id = _first_named_model(file)
+    _force_model(model, model_id)
     ctx = _context(embedded=True)
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
@@ -463,12 +507,16 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
 def worker(name: str | None = typer.Option(None, help="worker name (default: host name)"),
            queues: list[str] = typer.Option([], "--queues", "-Q", help="extra queues, repeatable or comma-separated"),
            loglevel: str = typer.Option("INFO"),
-           dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP)):
-    """Start a Celery worker: loads the model once, consumes the shared queue and its own queue."""
+           dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP),
+           model: Path | None = typer.Option(None, "--model", help=MODEL_HELP),
+           model_id: str | None = typer.Option(None, "--model-id", help=MODEL_ID_HELP)):
+    """Start a Celery worker: loads its model once and announces it; consumes the shared queue, its own queue
+    and its model's queue."""
     from batchinfer.settings import get_settings
     from workers.main import start_worker
 
     _force_dtype(dtype)
+    _force_model(model, model_id)
     if get_settings().broker_url is None:
         raise BatchInferError("BATCHINFER_BROKER_URL is not set (e.g. redis://localhost:6379/0)")
     extra = [q for item in queues for q in item.split(",") if q]

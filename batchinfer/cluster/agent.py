@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 
 class WorkerAgent:
     def __init__(self, registry: WorkerRegistry, name: str, beat_s: float = 2.0, steal: bool = True,
-                 housekeeping: Callable[[], object] | None = None):
+                 housekeeping: Callable[[], object] | None = None, model: str = "", model_path: str | None = None):
         self.registry = registry
-        self.state = WorkerState(name, incarnation=uuid.uuid4().hex)
+        self.state = WorkerState(name, incarnation=uuid.uuid4().hex, model=model, model_path=model_path)
         self.stopping = False  # set when the worker begins to shut down: an interrupted unit is rerun, not failed
         self.beat_s = beat_s
         self.steal = steal
@@ -41,7 +41,7 @@ class WorkerAgent:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=5)
-        self.registry.drain(self.state.queue)
+        self.registry.drain(self.state.queue, self.state.pool_queue)
         self.registry.go_silent(self.state.name)
 
     def unit_started(self, unit_id: str) -> None:
@@ -67,14 +67,14 @@ class WorkerAgent:
     def tick(self) -> None:
         self.beat()
         if self.steal and not self.state.busy and self._nothing_queued_for_me():
-            victim = self.registry.steal_one(self.state.name)
+            victim = self.registry.steal_one(self.state.name, self.state.model)
             if victim:
                 log.info("idle: took a unit queued for busy worker %s", victim)
         if self.housekeeping:
             self.housekeeping()
 
     def _nothing_queued_for_me(self) -> bool:
-        return self.registry.queue_depth(self.state.queue) == 0 and self.registry.queue_depth(SHARED_QUEUE) == 0
+        return all(self.registry.queue_depth(q) == 0 for q in {self.state.queue, SHARED_QUEUE, self.state.pool_queue})
 
     def _loop(self) -> None:
         while not self._stop.wait(self.beat_s):

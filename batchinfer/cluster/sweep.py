@@ -84,8 +84,8 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
 
 def _drain_dead_queues(registry: WorkerRegistry, forget_after_s: float = 3600.0) -> None:
     for dead in registry.dead():
-        if registry.drain(dead.queue):
-            log.warning("worker %s is gone: its queued units moved to the shared queue", dead.name)
+        if registry.drain(dead.queue, dead.pool_queue):
+            log.warning("worker %s is gone: its queued units moved to %s", dead.name, dead.pool_queue)
         if time.time() - dead.beat_at > forget_after_s:
             registry.forget(dead.name)
 

@@ -17,8 +17,11 @@ from batchinfer.jobs.output import formats
 from batchinfer.jobs import storage_keys
 from batchinfer.jobs.faults import is_transient
 from batchinfer.jobs.state import validation as state
-from batchinfer.jobs.input.tokenizer import tokenizer_and_context
-from batchinfer.jobs.input.validation import LineError, PreparedRequest, ValidationLimits, ValidationReport, validate_stream
+from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
+from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
+from batchinfer.jobs.input.validation import (LineError, PreparedRequest, ValidationLimits, ValidationReport, peek_model,
+                                              unserved_model_report, validate_stream)
+from batchinfer.jobs.served_models import ServedModel, model_settings, served_models
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
         raise ValidationDeferred(_deferred(ctx, job_id, exc)) from exc
     if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
         cause = "the input file was never stored (the submit was interrupted)"
+    elif isinstance(exc, ModelUnavailable):
+        cause = str(exc)
     else:
         cause = f"validation failed: {excerpt(str(exc)) or 'an internal error'}"
     log.info("job %s fails: %s (%s)", job_id, cause, one_line(exc))
@@ -104,10 +109,34 @@ def _input_stored(ctx: AppContext, job_id: str) -> bool:
     return job.input_key is not None and ctx.storage.exists(job.input_key)
 
 
-def validation_limits(s: Settings, max_model_len: int) -> ValidationLimits:
+def validation_limits(s: Settings, max_model_len: int, served: tuple[str, ...] = ()) -> ValidationLimits:
+    """s: the settings of the batch's model (served_models.model_settings)."""
     return ValidationLimits(model_id=s.model_id, max_model_len=max_model_len, max_requests=s.max_requests_per_file,
                             max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
-                            default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept)
+                            default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept,
+                            served_models=served, sampling_defaults=sampling_defaults(s))
+
+
+class ModelUnavailable(BatchInferError):
+    """The batch's model is served, but its checkpoint is not readable where validation runs."""
+
+
+def batch_model(ctx: AppContext, named: str | None, submitted: str = "") -> str:
+    """The batch's model: the one its submit named, else the one its first line names, else this process's
+    default (lines may leave `model` out)."""
+    return submitted or named or ctx.settings.model_id
+
+
+def model_tokenizer(ctx: AppContext, model: ServedModel):
+    """(settings, tokenizer, context length) of the batch's model; its weights are not loaded."""
+    settings = model_settings(ctx.settings, model)
+    try:
+        tokenizer, max_model_len = tokenizer_and_context(settings)
+    except FileNotFoundError:  # a path only a worker on another machine has: the message names no path
+        where = "its path in BATCHINFER_MODELS" if model.configured else "the path its worker announced"
+        raise ModelUnavailable(f"model {model.id!r} is served, but its tokenizer is not readable where this batch "
+                               f"is validated ({where} is missing here)") from None
+    return settings, tokenizer, max_model_len
 
 
 def _input_key(job: Job) -> str:
@@ -116,8 +145,9 @@ def _input_key(job: Job) -> str:
 
 
 def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
-    """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl."""
-    tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
+    """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl.
+    A batch whose model nobody serves fails whole, naming the served models."""
+    served = served_models(ctx)
     rows: list[dict] = []
     beat_at = time.monotonic()
 
@@ -127,9 +157,14 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             state.add_requests(ctx, job.id, token, rows)
             beat_at = time.monotonic()
 
-    with (ctx.storage.open_read(_input_key(job)) as source,
+    with (ctx.storage.open_read(_input_key(job)) as stored,
           ctx.storage.open_write(storage_keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
+        named, source = peek_model(stored, ctx.settings.max_line_bytes)
+        model = batch_model(ctx, named, job.model)
+        if model not in served and job.endpoint == MESSAGES_ENDPOINT:
+            model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
+
         def on_valid(req: PreparedRequest) -> None:
             prepared.write(req.to_json().encode() + b"\n")
             rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
@@ -140,10 +175,15 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
                                                            error.message, error.line, error.param)))
             commit_when_due()
 
-        limits = validation_limits(ctx.settings, max_model_len)
-        limits.endpoint = job.endpoint
-        report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
+        if model in served:
+            settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
+            limits = validation_limits(settings, max_model_len, tuple(served))
+            limits.endpoint = job.endpoint
+            report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
+        else:
+            report = unserved_model_report(model, served)
         state.add_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
+    report.model = model
     return report
 
 

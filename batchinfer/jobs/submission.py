@@ -7,6 +7,7 @@ from sqlalchemy import func, select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import InvalidRequest, TooManyActive, shown
+from batchinfer.jobs.served_models import not_served, served_models
 from batchinfer.jobs.webhooks import events as webhook_events
 from batchinfer.jobs.input.user_text import has_control
 from batchinfer.jobs.webhooks.target import check_url
@@ -18,9 +19,12 @@ MAX_METADATA_VALUE = 512
 
 
 def check_model(ctx: AppContext, model: str | None) -> str:
-    model = model or ctx.settings.model_id
-    if model != ctx.settings.model_id:
-        raise InvalidRequest(f"model_not_found: model {shown(model)} is not served here (use {ctx.settings.model_id!r})")
+    """A model the submit names must be served; none named: "" (validation takes the one the lines name)."""
+    if not model:
+        return ""
+    served = served_models(ctx)
+    if model not in served:
+        raise InvalidRequest(f"model_not_found: {not_served(model, served)}")
     return model
 
 

@@ -1,6 +1,7 @@
 """Cut the pending requests of all queued jobs into work units and say where each unit should run.
 
-Units may mix requests of several jobs (the planner groups shared prefixes across jobs). The caller
+Units may mix requests of several jobs (the planner groups shared prefixes across jobs), never of several
+models: each model's requests are planned on their own and routed among that model's workers. The caller
 enqueues the returned units (Celery) or runs them in-process (embedded).
 """
 from __future__ import annotations
@@ -19,10 +20,10 @@ from batchinfer.jobs import storage_keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying
-from batchinfer.planner import PlannerConfig, UnitPlan, plan_units
+from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
 from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
-from batchinfer.cluster.routing import WorkerLoad, choose_queue, route_units
+from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
 from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
 from batchinfer.jobs.state import units
 
@@ -79,10 +80,14 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
                                                    jobs[job_id].queued_at or jobs[job_id].created_at,
                                                    jobs[job_id].cache_scope)
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
-    plans = plan_units(requests, config or planner_config(ctx))
-    queues = _route(plans, live_workers or [], worker_loads)
+    plans, queues, models = [], [], []
+    for model, members in _by_model(requests, jobs).items():  # a unit never mixes models
+        model_plans = plan_units(members, config or planner_config(ctx))
+        plans += model_plans
+        queues += _route(model_plans, model, live_workers or [], worker_loads)
+        models += [model] * len(model_plans)
     levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
-    planned = list(zip(plans, queues, levels))
+    planned = list(zip(plans, queues, levels, models))
     units = []
     with ThreadPoolExecutor(INPUT_WRITERS, thread_name_prefix="unit-input") as writers:
         for start in range(0, len(planned), UNITS_PER_COMMIT):
@@ -95,7 +100,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     return units
 
 
-def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int]]) -> list[DispatchedUnit]:
+def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int, str]]) -> list[DispatchedUnit]:
     return [u for u in (_persist_unit(session, *e) for e in batch) if u]
 
 
@@ -105,11 +110,23 @@ def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> Non
             out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope).to_json() + b"\n")
 
 
-def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
+def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[str, list[PendingRequest]]:
+    found: dict[str, list[PendingRequest]] = defaultdict(list)
+    for req in requests:
+        found[jobs[req.job_id].model].append(req)
+    return found
+
+
+def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
+    """Among the workers of the plans' model only (a worker that announced none counts for every model);
+    what no worker's own queue gets goes to the model's queue, never to the shared one."""
     if worker_loads:
+        mine = [w for w in worker_loads if w.model in ("", model)]
         costs = [sum(len(r.prompt_token_ids) + r.max_tokens for r in p.requests) for p in plans]
-        return route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], worker_loads)
-    return [choose_queue(p.prefix_key, live_workers) for p in plans]
+        queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine)
+    else:
+        queues = [choose_queue(p.prefix_key, live_workers) for p in plans]
+    return [model_queue(model) if q == SHARED_QUEUE else q for q in queues]
 
 
 def _served_units(session, job_ids: list[str]) -> dict[str, int]:
@@ -141,6 +158,6 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     return found
 
 
-def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int) -> DispatchedUnit | None:
-    claimed = units.plan_unit(session, unit_id, plan, queue)
+def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int, model: str) -> DispatchedUnit | None:
+    claimed = units.plan_unit(session, unit_id, plan, queue, model)
     return DispatchedUnit(unit_id, queue, claimed, level) if claimed else None

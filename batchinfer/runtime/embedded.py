@@ -1,4 +1,5 @@
-"""Run queued work in this process through the same unit runner the Celery workers use."""
+"""Run queued work in this process through the same unit runner the Celery workers use; a unit of another
+model that BATCHINFER_MODELS names loads that model here too (once)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -11,7 +12,7 @@ from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.jobs.webhooks.delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.runtime.unit_runner import UnitOutcome, run_unit
+from batchinfer.runtime.unit_runner import UnitOutcome, fail_unit, run_unit
 
 EMBEDDED_WORKER = "embedded"
 
@@ -25,18 +26,25 @@ def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = No
     dispatch(ctx, [EMBEDDED_WORKER])
     unit_ids = _unfinished_units(ctx)  # includes units an interrupted earlier run left behind
     outcomes = []
-    if unit_ids:
-        generator = get_generator(ctx.settings)
-        if on_loaded:
+    loaded = False
+    for unit_id, model in unit_ids:
+        settings = ctx.settings.for_model(model)
+        if settings is None:  # validation refuses such a model; a unit of one can only come from elsewhere
+            outcomes.append(fail_unit(ctx, unit_id, f"model {model!r} is not configured here (BATCHINFER_MODELS)"))
+            continue
+        generator = get_generator(settings)  # each model is loaded once, on its first unit
+        if on_loaded and not loaded:
             on_loaded()
-        for unit_id in unit_ids:
-            outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
-            sweep_jobs(ctx)
+            loaded = True
+        outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+        sweep_jobs(ctx)
     deliver_due(ctx)
     return outcomes
 
 
-def _unfinished_units(ctx: AppContext) -> list[str]:
+def _unfinished_units(ctx: AppContext) -> list[tuple[str, str | None]]:
+    """(unit id, model) of every unit not done, oldest first."""
     with ctx.sessions() as session:
-        query = select(WorkUnit.id).where(WorkUnit.status != UnitStatus.DONE).order_by(WorkUnit.created_at)
-        return list(session.scalars(query))
+        query = (select(WorkUnit.id, WorkUnit.model).where(WorkUnit.status != UnitStatus.DONE)
+                 .order_by(WorkUnit.created_at))
+        return [(unit_id, model) for unit_id, model in session.execute(query)]

@@ -7,11 +7,11 @@ from typing import BinaryIO
 from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
 from batchinfer.errors import one_line
-from batchinfer.jobs.input.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
 from batchinfer.planner.estimate import decode_steps
-from batchinfer.jobs.job_validation import validation_limits
-from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, validate_stream
+from batchinfer.jobs.job_validation import batch_model, model_tokenizer, validation_limits
+from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, peek_model, unserved_model_report, validate_stream
+from batchinfer.jobs.served_models import served_models
 from batchinfer.cluster.registry import WorkerState
 
 log = logging.getLogger(__name__)
@@ -20,14 +20,21 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
             workers: list[WorkerState]) -> tuple[PlanEstimate, ValidationReport]:
     """Validate (nothing stored), plan, and estimate on the known workers at the prefill and decode rates
     measured on their machines (engine_rates; the estimate says where the figure came from)."""
-    tokenizer, max_model_len = tokenizer_and_context(ctx.settings)
     pending: list[PendingRequest] = []
 
     def on_valid(req: PreparedRequest) -> None:
         pending.append(req.to_pending("dry-run"))
 
-    report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
-    rate = engine_rates.measured(ctx, ctx.settings.model_id, [w.name for w in workers] + [engine_rates.machine_name()])
+    named, source = peek_model(source, ctx.settings.max_line_bytes)
+    model, served = batch_model(ctx, named), served_models(ctx)
+    if model in served:  # as validation would take it: that model's tokenizer, on that model's workers
+        settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
+        limits = validation_limits(settings, max_model_len, tuple(served))
+        report = validate_stream(source, tokenizer, limits, on_valid, lambda _error: None)
+    else:
+        report = unserved_model_report(model, served)
+    workers = [w for w in workers if w.model in ("", model)]
+    rate = engine_rates.measured(ctx, model, [w.name for w in workers] + [engine_rates.machine_name()])
     units = plan_units(pending, config)
     decode = rate.decode_s(decode_steps(units), sum(r.max_tokens for r in pending))
     estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s, decode_s=decode,

@@ -77,7 +77,7 @@ async function renderList() {
   body.replaceChildren();
   for (const b of list.data) {
     const total = b.request_counts.total;
-    const tr = row([b.id, el("span", b.status, "status " + b.status), bar(total ? done(b) / total : 0),
+    const tr = row([b.id, b.model || "", el("span", b.status, "status " + b.status), bar(total ? done(b) / total : 0),
       `${done(b)}/${total}` + (b.request_counts.failed ? ` (${b.request_counts.failed} failed)` : ""),
       b.usage.total_tokens, pct(hitRate(b)), when(b.created_at), when(ended(b)), left(b)]);
     tr.className = "batch" + (b.id === selected ? " selected" : "");
@@ -170,7 +170,7 @@ function drawChart(points) {
 
 async function renderWorkers() {
   const list = await json("/v1/dashboard/workers");
-  $("w-table").tBodies[0].replaceChildren(...list.data.map((w) => row([w.name,
+  $("w-table").tBodies[0].replaceChildren(...list.data.map((w) => row([w.name, w.model || "",
     el("span", w.alive ? (w.busy ? "alive, busy" : "alive, idle") : "dead", w.alive ? "alive" : "dead"),
     w.unit_id || "", w.tokens_per_s ? w.tokens_per_s.toFixed(1) : "", w.prefix_groups.length, w.units_done])));
 }

@@ -38,7 +38,7 @@ class EmbeddingsBody(BaseModel):
         return [list(i) if isinstance(i, list) else list(tokenizer.encode(i, add_special_tokens=False))
                 for i in inputs]  # type: ignore[union-attr]
 
-    def params(self, default_max_tokens: int) -> SamplingParams:
+    def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
         return SamplingParams(max_tokens=1, embed=True)
 
     def echo(self, inputs: list[list[int]]) -> dict[str, Any]:

@@ -128,17 +128,22 @@ class Sampling(BaseModel):
             return {k: v for k, v in data.items() if k != "max_tokens"}
         return data
 
-    def params(self, default_max_tokens: int) -> SamplingParams:
+    def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
+        """defaults: the checkpoint's generation_config.json sampling (temperature, top_p, top_k,
+        repetition_penalty) for what the line leaves unset, as vLLM does; else OpenAI's defaults."""
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        d = defaults or {}
+        top_k = d.get("top_k", 0) if self.top_k is None else self.top_k
         return SamplingParams(max_tokens=limit if limit is not None else default_max_tokens,
-                              temperature=1.0 if self.temperature is None else float(self.temperature),
-                              top_p=1.0 if self.top_p is None else float(self.top_p),
-                              top_k=0 if self.top_k in (None, -1) else self.top_k, seed=self.seed, stop=tuple(stop),
+                              temperature=float(d.get("temperature", 1.0) if self.temperature is None else self.temperature),
+                              top_p=float(d.get("top_p", 1.0) if self.top_p is None else self.top_p),
+                              top_k=0 if top_k == -1 else top_k, seed=self.seed, stop=tuple(stop),
                               logprobs=self.top_logprob_count(),
                               presence_penalty=float(self.presence_penalty or 0.0),
                               frequency_penalty=float(self.frequency_penalty or 0.0),
-                              repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+                              repetition_penalty=float(d.get("repetition_penalty", 1.0) if self.repetition_penalty is None
+                                                       else self.repetition_penalty),
                               logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
                               min_tokens=self.min_tokens or 0, stop_token_ids=tuple(self.stop_token_ids or ()),
                               ignore_eos=bool(self.ignore_eos), guided=self.constraint())

@@ -59,10 +59,14 @@ class ResponsesBody(BaseModel):
             m.for_template() for m in items]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def params(self, default_max_tokens: int) -> SamplingParams:
+    def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
+        """defaults: the checkpoint's generation_config.json sampling for what the line leaves unset."""
         limit = self.max_output_tokens if self.max_output_tokens is not None else default_max_tokens
-        return SamplingParams(max_tokens=limit, temperature=1.0 if self.temperature is None else float(self.temperature),
-                              top_p=1.0 if self.top_p is None else float(self.top_p))
+        d = defaults or {}
+        return SamplingParams(max_tokens=limit, temperature=float(d.get("temperature", 1.0) if self.temperature is None
+                                                                  else self.temperature),
+                              top_p=float(d.get("top_p", 1.0) if self.top_p is None else self.top_p),
+                              top_k=d.get("top_k", 0), repetition_penalty=float(d.get("repetition_penalty", 1.0)))
 
     def echo(self) -> dict[str, Any]:
         """What the Response object repeats of the request."""

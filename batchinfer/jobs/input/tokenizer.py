@@ -53,6 +53,31 @@ def _tokenizer_and_len(model: str | None, cache_dir: str):
     return _LazyTokenizer(folder), context_length(config)
 
 
+SAMPLING_DEFAULTS = {"temperature": (float, lambda v: v >= 0), "top_p": (float, lambda v: 0 < v <= 1),
+                     "top_k": (int, lambda v: v >= -1), "repetition_penalty": (float, lambda v: v > 0)}
+
+
+@lru_cache(maxsize=16)
+def _sampling_defaults(model: str | None, cache_dir: str) -> tuple[tuple[str, float | int], ...]:
+    from batchinfer.engine.loader import resolve_model_dir
+
+    path = resolve_model_dir(model, cache_dir) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    found = []
+    for name, (kind, ok) in SAMPLING_DEFAULTS.items():
+        value = config.get(name)
+        # a value out of range (or of another type) is left out: the line's own default holds
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and ok(value) and (kind is float or value == int(value)):
+            found.append((name, kind(value)))
+    return tuple(found)
+
+
+def sampling_defaults(settings: Settings) -> dict:
+    """The sampling a line leaves unset gets from the checkpoint's generation_config.json (vLLM's
+    `--generation-config auto`): temperature, top_p, top_k, repetition_penalty, where it sets them."""
+    return dict(_sampling_defaults(settings.model, str(settings.model_cache)))
+
+
 def tokenizer_and_context(settings: Settings):
     """The tokenizer and context length for validation, without loading the weights when no model is loaded."""
     loaded = _loaded.get((settings.model, str(settings.model_cache)))

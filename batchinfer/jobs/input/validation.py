@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, TypeVar
+from typing import BinaryIO, Callable, Iterable, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,7 +25,7 @@ M = TypeVar("M", bound=BaseModel)
 
 CODES = ("invalid_json_line", "invalid_utf8", "not_an_object", "missing_field", "invalid_field",
          "duplicate_custom_id", "unsupported_url", "model_not_found", "empty_file", "too_many_requests",
-         "line_too_long", "file_too_large", "context_length_exceeded")
+         "line_too_long", "file_too_large", "context_length_exceeded", "mismatched_model")
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LineError:
 
 @dataclass
 class ValidationLimits:
-    model_id: str
+    model_id: str  # the batch's model: every line names it (OpenAI's rule) or none
     max_model_len: int
     max_requests: int = 50_000
     max_line_bytes: int = 1_000_000
@@ -54,6 +54,8 @@ class ValidationLimits:
     default_max_tokens: int = 256
     max_errors_kept: int = 1000
     endpoint: str | None = None  # the batch's (None: a file submitted without one)
+    served_models: tuple[str, ...] = ()  # every model the fleet serves, for the errors of lines naming another
+    sampling_defaults: dict = field(default_factory=dict)  # the checkpoint's generation_config.json defaults
 
 
 @dataclass
@@ -62,7 +64,8 @@ class ValidationReport:
     valid: int = 0
     error_count: int = 0
     errors: list[LineError] = field(default_factory=list)  # the first max_errors_kept
-    file_error: bool = False  # a whole-file problem (empty, too large, too many requests)
+    file_error: bool = False  # a whole-file problem (empty, too large, too many requests, no model served)
+    model: str = ""  # the batch's model, as validation settled it
 
     @property
     def ok(self) -> bool:
@@ -146,6 +149,59 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
     return report
 
 
+def not_served(model, served: Iterable[str]) -> str:
+    """The one line a batch (or a line) naming a model nobody serves fails with: the served ones listed."""
+    names = ", ".join(repr(m) for m in served) or "none"
+    return f"model {shown(model)} is not served here (served: {names})"
+
+
+def unserved_model_report(model, served: Iterable[str]) -> ValidationReport:
+    """A batch whose model nobody serves fails whole (skip_invalid or not): no line of it could run."""
+    error = LineError(None, "model_not_found", not_served(model, served), "body.model")
+    return ValidationReport(error_count=1, errors=[error], file_error=True)
+
+
+def _other_model(model, limits: ValidationLimits, custom_id) -> tuple[str, str, str, str | None]:
+    if model in limits.served_models:
+        return ("mismatched_model", f"every line of a batch names the same model: this one names {shown(model)}, "
+                f"the batch {limits.model_id!r}", "body.model", custom_id)
+    return "model_not_found", not_served(model, limits.served_models or [limits.model_id]), "body.model", custom_id
+
+
+def first_named_model(stream: BinaryIO, max_line_bytes: int) -> str | None:
+    """The model the first non-blank line names (None: it names none, or it is no request line at all)."""
+    return peek_model(stream, max_line_bytes)[0]
+
+
+def peek_model(stream: BinaryIO, max_line_bytes: int) -> tuple[str | None, BinaryIO]:
+    """first_named_model, and a stream that reads from the start again (what was read is replayed)."""
+    head: list[bytes] = []
+    while raw := stream.readline(max_line_bytes + 1):
+        head.append(raw)
+        if raw.strip():
+            return _named_model(raw), cast(BinaryIO, _Replay(head, stream))
+    return None, cast(BinaryIO, _Replay(head, stream))
+
+
+def _named_model(raw: bytes) -> str | None:
+    try:
+        body = json.loads(raw).get("body")
+        model = body.get("model") if isinstance(body, dict) else None
+    except (ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) and model else None
+
+
+class _Replay:
+    """A stream's lines already read, then the rest of it: validation reads it by readline(size) only."""
+
+    def __init__(self, head: list[bytes], rest: BinaryIO):
+        self.head, self.rest = head, rest
+
+    def readline(self, size: int = -1) -> bytes:
+        return self.head.pop(0) if self.head else self.rest.readline(size)
+
+
 def _count_extra(report: ValidationReport, error: LineError, limits: ValidationLimits) -> None:
     """A second problem on the same line is reported but produces no extra error-file line."""
     report.error_count += 1
@@ -221,8 +277,7 @@ def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[
     line, custom_id = _envelope(_decode(raw), seen_ids)
     model = line.body.get("model", limits.model_id)
     if model != limits.model_id:
-        raise _Rejected(("model_not_found", f"model {shown(model)} is not served here (use {limits.model_id!r})",
-                         "body.model", custom_id))
+        raise _Rejected(_other_model(model, limits, custom_id))
     _check_endpoint(line.url, limits.endpoint, custom_id)
     body = _body(line, custom_id)
     if isinstance(body, EmbeddingsBody):
@@ -232,7 +287,7 @@ def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[
 
 def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: ValidationLimits) -> PreparedRequest:
     body, custom_id = p.body, p.custom_id
-    sampling = body.params(limits.default_max_tokens)
+    sampling = body.params(limits.default_max_tokens, limits.sampling_defaults)
     needed = len(prompt_ids) + sampling.max_tokens
     if needed > limits.max_model_len:
         raise _Rejected(("context_length_exceeded",

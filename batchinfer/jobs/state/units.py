@@ -37,7 +37,7 @@ class CommittedUnit:
     failed: int
 
 
-def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str) -> int:
+def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
     """Claim the plan's requests that are still pending in a runnable job (rows another dispatcher or a
     cancel holds are skipped) and record the unit over them; returns how many it holds (0: no unit)."""
     wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
@@ -53,7 +53,7 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str) -> int:
     if not claimed:
         return 0
     now = time.time()
-    session.add(WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key,
+    session.add(WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key, model=model,
                          shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
                          input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now))
     session.flush()

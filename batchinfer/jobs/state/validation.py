@@ -89,6 +89,7 @@ def finish_validation(ctx: AppContext, job_id: str, token: str, report: Validati
         if job.validation_token != token:
             return job
         job.validation_token = None
+        job.model = report.model or job.model
         job.errors = [e.to_dict() for e in report.errors]
         job.error_count = report.error_count
         job.total = report.lines
