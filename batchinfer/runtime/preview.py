@@ -9,7 +9,6 @@ from batchinfer.jobs import engine_rates
 from batchinfer.errors import one_line
 from batchinfer.jobs.input.tokenizer import tokenizer_and_context
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
-from batchinfer.planner.estimate import decode_steps
 from batchinfer.jobs.job_validation import validation_limits
 from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, validate_stream
 from batchinfer.cluster.registry import WorkerState
@@ -29,7 +28,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
     report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [w.name for w in workers] + [engine_rates.machine_name()])
     units = plan_units(pending, config)
-    decode = rate.decode_s(decode_steps(units), sum(r.max_tokens for r in pending))
+    decode = sum(rate.unit_decode_s(r.max_tokens for r in unit.requests) for unit in units)
     estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s, decode_s=decode,
                              workers=len(workers), units=len(units))
     estimate.rate_source = rate.source
