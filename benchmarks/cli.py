@@ -6,6 +6,7 @@ from .api import bench_api_command
 from .command import bench
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
+from .plan_accuracy import bench_plan_command
 from .process_command import bench_process_command
 from .startup_command import bench_startup_command
 
@@ -16,3 +17,4 @@ app.command("api")(bench_api_command)
 app.command("process")(bench_process_command)
 app.command("startup")(bench_startup_command)
 app.command("load")(bench_load_command)
+app.command("plan")(bench_plan_command)

@@ -85,3 +85,28 @@ def test_a_units_decode_is_priced_at_the_step_cost_measured_for_each_batch_size(
     assert rate.unit_decode_s([9] * 32) == pytest.approx(8 * 0.5)
     assert rate.unit_decode_s([9] * 4 + [1] * 10) == pytest.approx(8 * 0.1)
     assert rate.unit_decode_s([3, 5]) == pytest.approx(2 * rate.step_s(2) + 2 * rate.step_s(1))
+
+
+def test_status_before_the_first_request_finishes_shows_the_plans_eta(make_context, generator):
+    import io
+
+    from batchinfer.cluster.registry import WorkerState
+    from batchinfer.jobs.eta import batch_with_eta
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.preview import summary
+
+    ctx = make_context()
+    lines = [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)]
+    job = submit_lines(ctx, lines)
+    batch = batch_with_eta(ctx, service.get(ctx, job.id), planner_config(ctx))
+    planned = summary(ctx, io.BytesIO(("\n".join(lines) + "\n").encode()), [WorkerState("embedded")])
+    assert batch["estimated_remaining_s"] == pytest.approx(planned["estimated_run_s"], abs=0.06)  # plan's figure
+    assert "assumed" in batch["estimate_source"]
+
+    (unit,) = dispatch(ctx)
+    assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
+    assert "estimated_remaining_s" not in batch_with_eta(ctx, service.get(ctx, job.id), planner_config(ctx))  # done
+    second = submit_lines(ctx, lines)
+    batch = batch_with_eta(ctx, service.get(ctx, second.id), planner_config(ctx), workers=2)
+    assert batch["estimate_source"].startswith("plan at the measured rates (measured on ")
+    assert batch["estimate_source"].endswith("on 2 workers)")

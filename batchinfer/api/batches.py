@@ -114,7 +114,13 @@ def _read(ctx: AppContext, key: str) -> bytes:
 
 @router.get("/{batch_id}")
 def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    return shown(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
+    """The batch with live counts; before its first request finishes, also the plan's ETA (jobs.eta)."""
+    from batchinfer.jobs.eta import batch_with_eta
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.preview import worker_count
+
+    job = with_live(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
+    return batch_with_eta(ctx, job, planner_config(ctx), worker_count(ctx))
 
 
 @router.post("/{batch_id}/cancel")
