@@ -80,10 +80,12 @@ def test_a_units_decode_is_priced_at_the_step_cost_measured_for_each_batch_size(
     steps.prefill_tokens, steps.prefill_s = 100, 1.0
     rate = engine_rates.rate_of_steps(steps, "test")
     assert rate.step_s(4) == pytest.approx(0.1) and rate.step_s(32) == pytest.approx(0.5)
-    assert rate.step_s(18) == pytest.approx(0.3) and rate.step_s(1) == pytest.approx(0.1)
+    assert rate.step_s(18) == pytest.approx(0.3)
+    assert rate.step_s(1) == pytest.approx(0.1 * 0.035 / 0.05)  # outside: the assumed shape, scaled
+    assert rate.step_s(64) == pytest.approx(0.5 * 0.35 / 0.19)
     # 32 requests of 9 tokens: the prefill makes the first, then 8 steps of 32; then 4 of 9: 8 steps of 4
     assert rate.unit_decode_s([9] * 32) == pytest.approx(8 * 0.5)
-    assert rate.unit_decode_s([9] * 4 + [1] * 10) == pytest.approx(8 * 0.1)
+    assert rate.unit_decode_s([9] * 4 + [1] * 10) == pytest.approx(8 * 0.1)  # a request of 1 token never decodes
     assert rate.unit_decode_s([3, 5]) == pytest.approx(2 * rate.step_s(2) + 2 * rate.step_s(1))
 
 

@@ -41,17 +41,18 @@ class MeasuredRate:
         return steps * self.decode_step_s + tokens * self.decode_seq_s
 
     def step_s(self, batch: int) -> float:
-        """One decode step of `batch` sequences."""
+        """One decode step of `batch` sequences: linear between the size classes measured; outside them, the
+        nearest one scaled by the assumed shape of a step's cost (weights read once, plus each sequence)."""
         if not self.sizes:
             return self.decode_step_s + self.decode_seq_s * batch
         b0, t0 = self.sizes[0]
         if batch <= b0:
-            return t0  # fewer sequences cost no less than the smallest batch measured: weight-bound
+            return t0 * _shape(batch) / _shape(b0)
         for b1, t1 in self.sizes[1:]:
             if batch <= b1:
                 return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
             b0, t0 = b1, t1
-        return t0 + self.decode_seq_s * (batch - b0)
+        return t0 * _shape(batch) / _shape(b0)
 
     def unit_decode_s(self, max_tokens: Iterable[int]) -> float:
         """Decode time of one unit whose requests all run to max_tokens side by side."""
@@ -62,6 +63,10 @@ class MeasuredRate:
                 total += (steps - done) * self.step_s(len(left) - i)
                 done = steps
         return total
+
+
+def _shape(batch: float) -> float:
+    return ASSUMED[1] + ASSUMED[2] * batch
 
 
 def machine_name() -> str:
