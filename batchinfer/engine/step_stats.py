@@ -62,4 +62,6 @@ class StepStats:
         return out
 
     def copy(self) -> StepStats:
-        return StepStats(*(getattr(self, n) for n in TOTALS), by_size={k: list(v) for k, v in self.by_size.items()})
+        out = StepStats(*(getattr(self, n) for n in TOTALS))
+        out.by_size = {size: list(sums) for size, sums in self.by_size.items()}
+        return out
