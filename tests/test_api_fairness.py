@@ -85,3 +85,7 @@ def test_one_keys_flood_does_not_hold_back_another_keys_one_line_batch(embedded_
     # The flood's validations run one at a time (one key, one thread); the other key's went past them.
     assert len(still_validating) >= FLOOD_BATCHES // 2, (still_validating, waited)
     assert status(server, other, mine) in {"queued", "in_progress", "finalizing", "completed"}
+    started = time.time()  # and it runs, on the engine's own thread, while the flood is still validated
+    while (now := status(server, other, mine)) != "completed":
+        assert now in {"queued", "in_progress", "finalizing"} and time.time() - started < 300, now
+        time.sleep(0.2)
