@@ -115,6 +115,7 @@ class Settings(BaseSettings):
     api_concurrent_uploads: int = 2  # API: uploads of one key in flight at once; more: 429
     api_concurrent_estimates: int = 2  # API: estimates of one key in flight at once; more: 429
     api_auth_failures_per_min: int = 30  # API: failed authentications per client address a minute; more: 429
+    api_work_threads: int = 2  # embedded API: threads validating and estimating, shared fairly between keys
     metrics_token: str | None = None  # GET /metrics answers to this bearer token, or to an admin key
     api_docs: bool = False  # serve /docs and /openapi.json
     webhook_allow_private: bool = False  # True: webhooks may go to loopback and private addresses (tests, a LAN)
@@ -122,7 +123,8 @@ class Settings(BaseSettings):
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
-                     "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min")
+                     "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
+                     "api_work_threads")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:

@@ -7,6 +7,7 @@ from .command import bench
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
 from .pipeline_command import bench_pipeline_command
+from .plan_accuracy import bench_plan_command
 from .process_command import bench_process_command
 from .startup_command import bench_startup_command
 
@@ -18,3 +19,4 @@ app.command("process")(bench_process_command)
 app.command("startup")(bench_startup_command)
 app.command("load")(bench_load_command)
 app.command("pipeline")(bench_pipeline_command)
+app.command("plan")(bench_plan_command)

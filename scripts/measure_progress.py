@@ -1,6 +1,6 @@
 """Measure what a person watching a batch sees (docs/benchmarks.md, "Live counts, cancel, estimates"):
 how late the live counts are, how long a cancel takes to stop the engine, and plan's estimate against
-the measured run on the bench's workloads. In-process on the real engine; the database is PostgreSQL
+the measured run on the bench's workloads (as `batchinfer bench plan`). In-process on the real engine; the database is PostgreSQL
 when --database-url is given (a worker's case), else SQLite (the embedded mode's).
 
     python scripts/measure_progress.py [--database-url postgresql+psycopg://postgres@127.0.0.1/db]
@@ -16,15 +16,12 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.workloads import build
-from batchinfer.cluster.registry import WorkerState
+from benchmarks.plan_accuracy import plan_rounds
 from batchinfer.context import AppContext
 from batchinfer.jobs import service
 from batchinfer.jobs.live import with_live
 from batchinfer.runtime.dispatch import dispatch
-from batchinfer.runtime.embedded import run_pending
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.runtime.preview import summary
 from batchinfer.runtime.unit_runner import run_unit
 from batchinfer.settings import Settings
 
@@ -96,26 +93,6 @@ def cancel_stop(ctx: AppContext, generator, runs: int = 5) -> list[tuple[float, 
     return out
 
 
-def plan_vs_actual(ctx: AppContext, tokenizer) -> list[dict]:
-    """plan's estimate (at the rates this machine measured) against the run, for each bench workload."""
-    rows = []
-    for name in ("shared-prefix", "no-sharing", "long-decode"):
-        w = build(name, tokenizer)
-        lines = [chat(i, user, w.max_tokens, system) for i, (system, user) in enumerate(w.chats)]
-        data = ("\n".join(lines) + "\n").encode()
-        estimate = summary(ctx, io.BytesIO(data), [WorkerState("embedded")])  # this process, as `plan` counts it
-        job = submit(ctx, lines)
-        started = time.time()
-        run_pending(ctx)
-        actual = time.time() - started
-        job = service.get(ctx, job.id)
-        rows.append({"workload": name, "estimated_s": round(estimate["estimated_run_s"] or 0, 2),
-                     "actual_s": round(actual, 2), "ratio": round((estimate["estimated_run_s"] or 0) / actual, 2),
-                     "completion_tokens": job.completion_tokens, "max_new_tokens": estimate["max_new_tokens"],
-                     "rates": estimate["rate_source"]})
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--database-url", default=None)
@@ -129,9 +106,7 @@ def main() -> None:
         measure_live_and_cancel(ctx, generator)
     warm = settings.model_copy(update={"max_requests_per_unit": 64})
     ctx = AppContext(warm, ctx.sessions, ctx.storage)
-    plan_vs_actual(ctx, generator.tokenizer)  # a first pass records step costs for every workload's mix
-    for row in plan_vs_actual(ctx, generator.tokenizer):
-        print(json.dumps(row))
+    plan_rounds(ctx, generator, rounds=1, requests=None, max_tokens=None)  # `batchinfer bench plan`'s rounds
 
 
 def measure_live_and_cancel(ctx: AppContext, generator) -> None:

@@ -51,7 +51,8 @@ def test_a_units_run_records_its_measured_rates_for_the_estimate(make_context, g
     assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [engine_rates.machine_name()])
     assert rate.source == f"measured on {engine_rates.machine_name()} (1 unit run there)"
-    assert rate.prefill_tokens_per_s > 0 and rate.decode_s(steps=4, tokens=8) > 0
+    assert rate.prefill_tokens_per_s > 0 and rate.decode_s(steps=4, tokens=8) > 0 and rate.unit_decode_s([4, 4]) > 0
+    assert rate.sizes  # the steps were measured per batch size too
     elsewhere = engine_rates.measured(ctx, ctx.settings.model_id, ["another-host"])
     assert "another machine" in elsewhere.source
 
@@ -69,3 +70,45 @@ def test_a_decode_steps_cost_is_fitted_from_the_sums_alone():
     assert engine_rates.fit_decode(row) == pytest.approx((0.02, 0.003))
     one_size = EngineRate(decode_steps=3.0, decode_tokens=12.0, decode_s=0.3, decode_tokens_sq=48.0, decode_token_s=1.2)
     assert engine_rates.fit_decode(one_size) == pytest.approx((0.1, 0.0))  # one batch size: a per-step cost
+
+
+@pytest.mark.fast
+def test_a_units_decode_is_priced_at_the_step_cost_measured_for_each_batch_size():
+    steps = StepStats()
+    for b, t in [(4, 0.1)] * 5 + [(32, 0.5)] * 5:  # not linear: small steps as dear as a fifth of big ones
+        steps.record([None] * b, t, prompt=0)  # type: ignore[list-item]  # a decode step of b sequences
+    steps.prefill_tokens, steps.prefill_s = 100, 1.0
+    rate = engine_rates.rate_of_steps(steps, "test")
+    assert rate.step_s(4) == pytest.approx(0.1) and rate.step_s(32) == pytest.approx(0.5)
+    assert rate.step_s(18) == pytest.approx(0.3)
+    assert rate.step_s(1) == pytest.approx(0.1 * 0.035 / 0.05)  # outside: the assumed shape, scaled
+    assert rate.step_s(64) == pytest.approx(0.5 * 0.35 / 0.19)
+    # 32 requests of 9 tokens: the prefill makes the first, then 8 steps of 32; then 4 of 9: 8 steps of 4
+    assert rate.unit_decode_s([9] * 32) == pytest.approx(8 * 0.5)
+    assert rate.unit_decode_s([9] * 4 + [1] * 10) == pytest.approx(8 * 0.1)  # a request of 1 token never decodes
+    assert rate.unit_decode_s([3, 5]) == pytest.approx(2 * rate.step_s(2) + 2 * rate.step_s(1))
+
+
+def test_status_before_the_first_request_finishes_shows_the_plans_eta(make_context, generator):
+    import io
+
+    from batchinfer.cluster.registry import WorkerState
+    from batchinfer.jobs.eta import batch_with_eta
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.preview import summary
+
+    ctx = make_context()
+    lines = [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)]
+    job = submit_lines(ctx, lines)
+    batch = batch_with_eta(ctx, service.get(ctx, job.id), planner_config(ctx))
+    planned = summary(ctx, io.BytesIO(("\n".join(lines) + "\n").encode()), [WorkerState("embedded")])
+    assert batch["estimated_remaining_s"] == pytest.approx(planned["estimated_run_s"], abs=0.06)  # plan's figure
+    assert "assumed" in batch["estimate_source"]
+
+    (unit,) = dispatch(ctx)
+    assert unit_runner.run_unit(ctx, unit.unit_id, generator, "w1").committed
+    assert "estimated_remaining_s" not in batch_with_eta(ctx, service.get(ctx, job.id), planner_config(ctx))  # done
+    second = submit_lines(ctx, lines)
+    batch = batch_with_eta(ctx, service.get(ctx, second.id), planner_config(ctx), workers=2)
+    assert batch["estimate_source"].startswith("plan at the measured rates (measured on ")
+    assert batch["estimate_source"].endswith("on 2 workers)")

@@ -86,7 +86,7 @@ async def create(request: Request, ctx: AppContext = Depends(context), tenant: s
     with _anthropic_errors():
         body = parse_create(raw, ctx.settings.max_requests_per_file)
         job = await run_in_threadpool(message_batches.create, ctx, tenant, body)
-    request.app.state.work.validate(job.id)
+    request.app.state.work.validate(job.id, job.owner_id or "")
     return message_batch(ctx, job, _base_url(request))
 
 

@@ -52,7 +52,7 @@ def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(contex
                              owner_id=owner,
                              input_file_id=upload.id, endpoint=spec.endpoint,
                              output_expires_after_s=spec.output_expires_after.seconds if spec.output_expires_after else None)
-    request.app.state.work.validate(job.id)
+    request.app.state.work.validate(job.id, job.owner_id or "")
     return batch_object(job)
 
 
@@ -94,7 +94,7 @@ async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = De
     from batchinfer.runtime.preview import estimate_key
 
     upload = _input_file(ctx, owner, spec.input_file_id)
-    key = estimate_key(request.app.state.work.estimate(upload.storage_key))
+    key = estimate_key(request.app.state.work.estimate(upload.storage_key, owner))
     deadline = time.time() + ctx.settings.api_estimate_wait_s
     while time.time() < deadline:
         if await asyncio.to_thread(ctx.storage.exists, key):
@@ -114,7 +114,13 @@ def _read(ctx: AppContext, key: str) -> bytes:
 
 @router.get("/{batch_id}")
 def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    return shown(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
+    """The batch with live counts; before its first request finishes, also the plan's ETA (jobs.eta)."""
+    from batchinfer.jobs.eta import batch_with_eta
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.preview import worker_count
+
+    job = with_live(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
+    return batch_with_eta(ctx, job, planner_config(ctx), worker_count(ctx))
 
 
 @router.post("/{batch_id}/cancel")

@@ -30,5 +30,5 @@ def retry(batch_id: str, request: Request, spec: RetryRequest | None = None, ctx
             raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
     job = create_retry(ctx, batch_id, owner, set(spec.error_codes) if spec.error_codes else None,
                        spec.completion_window)
-    request.app.state.work.validate(job.id)
+    request.app.state.work.validate(job.id, job.owner_id or "")
     return batch_object(job)

@@ -1,12 +1,16 @@
-"""How the API hands work on: to Celery workers, or (embedded, no broker) to one background thread here.
+"""How the API hands work on: to Celery workers, or (embedded, no broker) to threads here: validations and
+estimates on a pool shared fairly between keys (api.fair), engine runs on one thread of their own.
 
 The API never validates or runs a batch on a request thread: creating a batch answers at once.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+
+from batchinfer.api.fair import FairPool
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
@@ -20,15 +24,22 @@ log = logging.getLogger(__name__)
 class WorkQueue:
     def __init__(self, ctx: AppContext):
         self.ctx = ctx
-        # embedded: one thread, so units run one at a time as on a worker
-        self._local = ThreadPoolExecutor(1, thread_name_prefix="batchinfer-embedded") if ctx.settings.embedded else None
+        embedded = ctx.settings.embedded
+        # embedded: units run one at a time, as on a worker, on a thread of their own; a validation or an
+        # estimate never waits behind a run, nor behind another key's flood of them
+        self._local = ThreadPoolExecutor(1, thread_name_prefix="batchinfer-embedded") if embedded else None
+        threads = ctx.settings.api_work_threads
+        # one key never holds every thread: another key's work starts at once, whatever the first has queued
+        self._fair = FairPool(threads, max(1, threads - 1), name="batchinfer-validate") if embedded else None
+        self._run_queued = False
+        self._lock = threading.Lock()
 
-    def validate(self, job_id: str) -> None:
+    def validate(self, job_id: str, owner: str = "") -> None:
         """Queue the validation of a new batch. If the broker is down the batch stays `validating`, marked so
         that the first sweep once the broker is back validates it (the batch is created: no error, which
         a client would retry into a second batch)."""
-        if self._local is not None:
-            self._local.submit(self._validate_and_run, job_id)
+        if self._fair is not None:
+            self._fair.submit(owner, lambda: self._validate_then_run(job_id))
             return
         from workers.tasks import validate_job_task
 
@@ -38,26 +49,41 @@ class WorkQueue:
             log.warning("could not queue the validation of %s (%s); the sweep will validate it", job_id, one_line(exc))
             validation_lost(self.ctx, job_id)
 
-    def _validate_and_run(self, job_id: str) -> None:
-        from batchinfer.runtime.embedded import run_pending
-
+    def _validate_then_run(self, job_id: str) -> None:
         try:
             if validate_job(self.ctx, job_id).status == JobStatus.QUEUED:
-                run_pending(self.ctx)
+                self._run_soon()
         except ValidationDeferred as exc:  # kept `validating`: the sweep validates it again
             log.warning("%s (%s)", exc, deferred_cause(exc))
-        except Exception:
-            log.exception("embedded run of %s failed; the next run picks up what is left", job_id)
 
-    def estimate(self, input_key: str) -> str:
+    def _run_soon(self) -> None:
+        """One run queued at most: a run dispatches everything queued when it starts."""
+        assert self._local is not None
+        with self._lock:
+            if self._run_queued:
+                return
+            self._run_queued = True
+        self._local.submit(self._run)
+
+    def _run(self) -> None:
+        from batchinfer.runtime.embedded import run_pending
+
+        with self._lock:
+            self._run_queued = False
+        try:
+            run_pending(self.ctx)
+        except Exception:
+            log.exception("embedded run failed; the next run picks up what is left")
+
+    def estimate(self, input_key: str, owner: str = "") -> str:
         """Start an estimate; its result appears in storage under runtime.preview.estimate_key(id)."""
         estimate_id = uuid.uuid4().hex
-        if self._local is not None:
+        if self._fair is not None:
             from batchinfer.runtime.preview import store_estimate
 
             from batchinfer.cluster.registry import WorkerState
 
-            self._local.submit(store_estimate, self.ctx, estimate_id, input_key, [WorkerState("embedded")])
+            self._fair.submit(owner, lambda: store_estimate(self.ctx, estimate_id, input_key, [WorkerState("embedded")]))
         else:
             from workers.tasks import estimate_task
 
@@ -65,5 +91,7 @@ class WorkQueue:
         return estimate_id
 
     def close(self) -> None:
+        if self._fair is not None:
+            self._fair.close()
         if self._local is not None:
             self._local.shutdown(wait=False, cancel_futures=True)

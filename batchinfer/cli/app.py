@@ -145,10 +145,10 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
     if as_json:
-        print(json.dumps({**batch_object(job), "prefix_groups": [g.to_dict() for g in groups], "units": units_json(units)}))
+        print(json.dumps({**_batch(ctx, job), "prefix_groups": [g.to_dict() for g in groups], "units": units_json(units)}))
         return
     if show_job:
-        out.print(job_table(batch_object(job)))
+        out.print(job_table(_batch(ctx, job)))
     if groups:
         out.print(groups_table(groups))
 
@@ -321,7 +321,7 @@ def status(job_id: str,
     ctx = _context()
     job = _refresh(ctx, job_id)
     if watch and not as_json and not out.is_terminal:
-        job = _watch_lines(lambda: _refresh(ctx, job_id))
+        job = _watch_lines(lambda: _refresh(ctx, job_id), lambda j: _batch(ctx, j))
     elif watch and not as_json:
         with Live(_status_view(ctx, job), console=out, refresh_per_second=2) as live:
             while job.status not in JobStatus.TERMINAL:
@@ -343,14 +343,14 @@ def status(job_id: str,
 WATCH_S = 0.5  # live counts move at most once a second: polling twice as often shows each change
 
 
-def _watch_lines(fetch):
+def _watch_lines(fetch, view=batch_object):
     """`status --watch` into a pipe or a file: one line per change, until the job ends; returns the last."""
     from batchinfer.cli.progress import changed, watch_line
 
     shown = None
     while True:
         job = fetch()
-        batch = batch_object(job) if not isinstance(job, dict) else job
+        batch = view(job) if not isinstance(job, dict) else job
         if changed(shown, batch):
             print(watch_line(batch), flush=True)
             shown = batch
@@ -386,7 +386,17 @@ def _status_view(ctx, job):
     from batchinfer.jobs.output.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
-    return Group(job_table(batch_object(job)), groups_table(groups)) if groups else job_table(batch_object(job))
+    table = job_table(_batch(ctx, job))
+    return Group(table, groups_table(groups)) if groups else table
+
+
+def _batch(ctx, job) -> dict:
+    """The Batch object; before the job's first request finishes, with the plan's ETA (jobs.eta)."""
+    from batchinfer.jobs.eta import batch_with_eta
+    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.runtime.preview import worker_count
+
+    return batch_with_eta(ctx, job, planner_config(ctx), worker_count(ctx))
 
 
 def _refresh(ctx, job_id: str):

@@ -61,6 +61,8 @@ def watch_line(batch: dict) -> str:
     clock = datetime.now(timezone.utc).strftime("%H:%M:%S")
     eta = eta_s(batch)
     tail = f", ETA {eta:.0f} s (this batch's pace)" if eta is not None else ""
+    if eta is None and batch.get("estimated_remaining_s") is not None:
+        tail = f", ETA {batch['estimated_remaining_s']:.0f} s ({batch['estimate_source']})"
     return (f"{clock} {batch['id']} {batch['status']}: {counts['completed']} completed, {counts['failed']} failed, "
             f"{counts['total']} total; {usage['output_tokens']} completion tokens{tail}")
 

@@ -51,6 +51,8 @@ def job_table(batch: dict) -> Table:
     eta = eta_s(batch) if batch["status"] == "in_progress" else None
     if eta is not None:
         table.add_row("ETA", f"{eta:.0f} s (at this batch's pace so far)")
+    elif batch.get("estimated_remaining_s") is not None:  # nothing finished yet: the plan's figure
+        table.add_row("ETA", literal(f"{batch['estimated_remaining_s']:.0f} s ({batch['estimate_source']})"))
     # in the order they happened (expires last: it is a deadline, not an event)
     events = sorted((batch[name], name) for name in TIMESTAMPS if batch.get(name) and name != "expires_at")
     for when, name in events + ([(batch["expires_at"], "expires_at")] if batch.get("expires_at") else []):

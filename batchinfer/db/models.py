@@ -166,6 +166,8 @@ class EngineRate(Base):
     decode_steps: Mapped[float] = mapped_column(Float)
     decode_tokens_sq: Mapped[float] = mapped_column(Float)  # sums for fitting a decode step's cost a + c*batch
     decode_token_s: Mapped[float] = mapped_column(Float)
+    # per class of decode batch size ("1", "2", "4", "8", ...): [steps, sum of b, sum of t], decayed as the rest
+    decode_sizes: Mapped[dict] = mapped_column(JSON, default=dict)
     units: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[float] = mapped_column(Float)
 

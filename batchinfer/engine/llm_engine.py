@@ -56,18 +56,20 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def step(self) -> list[GenerationResult]:
+        started = time.perf_counter()  # the whole step, scheduling and detokenizing too: what a run takes
         seqs = self.scheduler.schedule()
         if not seqs:
             return []
         self._mark_scheduled(seqs)
-        started = time.perf_counter()
+        prompt = self.step_stats.prompt_tokens(seqs)
         sampled = self.runner.run(seqs)
         embedded = self.runner.take_embeddings()
-        self.step_stats.record(seqs, time.perf_counter() - started)
         finished = self.scheduler.postprocess(seqs, sampled, self.stop_checker)
         finished += self._finish_embedded(seqs, embedded)
         self._mark_tokens(seqs, sampled.keys() | embedded.keys())
-        return [self._result(s) for s in finished]
+        results = [self._result(s) for s in finished]
+        self.step_stats.record(seqs, time.perf_counter() - started, prompt)
+        return results
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

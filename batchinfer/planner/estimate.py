@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 from batchinfer.planner.grouping import Grouping
 from batchinfer.planner.prefix_tree import PrefixTree, gc_paused
-from batchinfer.planner.types import PendingRequest, PlannerConfig, UnitPlan
+from batchinfer.planner.types import PendingRequest, PlannerConfig
 
 
 @dataclass
@@ -26,12 +26,6 @@ class PlanEstimate:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "expected_hit_rate": round(self.expected_hit_rate, 4)}
-
-
-def decode_steps(units: list[UnitPlan]) -> int:
-    """Decode steps the units take when every request runs to max_tokens: a unit's requests decode side by
-    side (a unit is at most one engine batch), so its longest max_tokens."""
-    return sum(max((r.max_tokens for r in u.requests), default=0) for u in units)
 
 
 def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = None, *,

@@ -6,9 +6,9 @@ from typing import BinaryIO
 
 from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
+from batchinfer.jobs.eta import shape_of
 from batchinfer.errors import one_line
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
-from batchinfer.planner.estimate import decode_steps
 from batchinfer.jobs.job_validation import batch_model, model_tokenizer, validation_limits
 from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, peek_model, unserved_model_report, validate_stream
 from batchinfer.jobs.served_models import served_models
@@ -16,10 +16,11 @@ from batchinfer.cluster.registry import WorkerState
 
 log = logging.getLogger(__name__)
 
-def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
-            workers: list[WorkerState]) -> tuple[PlanEstimate, ValidationReport]:
+def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: list[WorkerState],
+            rate: engine_rates.MeasuredRate | None = None) -> tuple[PlanEstimate, ValidationReport]:
     """Validate (nothing stored), plan, and estimate on the known workers at the prefill and decode rates
-    measured on their machines (engine_rates; the estimate says where the figure came from)."""
+    measured on their machines (engine_rates, unless `rate` is given; the estimate says where the figure came
+    from)."""
     pending: list[PendingRequest] = []
 
     def on_valid(req: PreparedRequest) -> None:
@@ -34,24 +35,39 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
     else:
         report = unserved_model_report(model, served)
     workers = [w for w in workers if w.model in ("", model)]
-    rate = engine_rates.measured(ctx, model, [w.name for w in workers] + [engine_rates.machine_name()])
+    if rate is None:
+        rate = engine_rates.measured(ctx, model, [w.name for w in workers] + [engine_rates.machine_name()])
     units = plan_units(pending, config)
-    decode = rate.decode_s(decode_steps(units), sum(r.max_tokens for r in pending))
-    estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s, decode_s=decode,
-                             workers=len(workers), units=len(units))
+    estimate = estimate_plan(pending, config, workers=len(workers), units=len(units))
+    if workers:  # priced as `status` prices a batch before its first request finishes (jobs.eta)
+        estimate.estimated_run_s = shape_of(estimate, units).seconds(rate, len(workers))
     estimate.rate_source = rate.source
     return estimate, report
+
+
+def worker_count(ctx: AppContext) -> int:
+    """Workers a batch's units spread over: the live ones (1 if none is known), or this process when embedded."""
+    if ctx.settings.embedded:
+        return 1
+    from batchinfer.cluster.registry import open_registry
+
+    try:
+        return max(1, len(open_registry(ctx.settings).live()))
+    except Exception as exc:  # the broker is away: an ETA on one worker, an upper bound
+        log.info("no worker count for the ETA: %s", one_line(exc))
+        return 1
 
 
 def estimate_key(estimate_id: str) -> str:
     return f"estimates/{estimate_id}.json"
 
 
-def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState]) -> dict:
+def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState],
+            rate: engine_rates.MeasuredRate | None = None) -> dict:
     """The estimate of a file as `batchinfer plan --json` prints it and the API returns it."""
     from batchinfer.runtime.dispatch import planner_config
 
-    estimate, report = preview(ctx, source, planner_config(ctx), workers)
+    estimate, report = preview(ctx, source, planner_config(ctx), workers, rate)
     return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid, "ok": report.ok,
             "errors": [e.to_dict() for e in report.errors]}
 
