@@ -16,6 +16,7 @@ from batchinfer.cluster.routing import SHARED_QUEUE, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
+from batchinfer.jobs import outage
 from batchinfer.jobs.webhooks.delivery import DeliveryLoop
 
 
@@ -39,7 +40,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         process = this_process()
         hooks = tasks.sweep_hooks(process)
         process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
-                                    lambda: maybe_sweep(process.ctx, reg, hooks)).start()
+                                    lambda: maybe_sweep(process.ctx, reg, hooks),
+                                    lambda exc, needs: outage.observe(process.ctx, exc, needs)).start()
         process.webhooks = DeliveryLoop(process.ctx).start()
 
     @signals.worker_shutting_down.connect(weak=False)

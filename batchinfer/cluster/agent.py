@@ -1,5 +1,6 @@
 """What runs beside Celery in a worker process: a thread that beats the worker's state into the
-registry, steals a unit from a busy peer's queue when this worker sits idle, and runs the sweep when due."""
+registry and steals a unit from a busy peer's queue when this worker sits idle, and a second that runs the
+sweep when due (apart, so a sweep slowed by a service that is down never delays a beat)."""
 from __future__ import annotations
 
 import logging
@@ -12,35 +13,43 @@ import redis
 from batchinfer.cluster.routing import SHARED_QUEUE
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.errors import one_line
+from batchinfer.jobs.faults import BROKER
 
 log = logging.getLogger(__name__)
 
 
 class WorkerAgent:
     def __init__(self, registry: WorkerRegistry, name: str, beat_s: float = 2.0, steal: bool = True,
-                 housekeeping: Callable[[], object] | None = None):
+                 housekeeping: Callable[[], object] | None = None,
+                 on_fault: Callable[[BaseException | None, str | None], object] | None = None):
         self.registry = registry
         self.state = WorkerState(name, incarnation=uuid.uuid4().hex)
         self.stopping = False  # set when the worker begins to shut down: an interrupted unit is rerun, not failed
         self.beat_s = beat_s
         self.steal = steal
         self.housekeeping = housekeeping  # the sweep, when one is due (it rate-limits itself)
+        self.on_fault = on_fault  # told how each round went (an exception, or None): the outage board
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
 
     def start(self) -> WorkerAgent:
         self.beat()
         self._thread = threading.Thread(target=self._loop, name="batchinfer-agent", daemon=True)
         self._thread.start()
+        if self.housekeeping:  # its own thread: a sweep slowed by a service that is down never delays a beat
+            self._sweeper = threading.Thread(target=self._sweep_loop, name="batchinfer-sweep", daemon=True)
+            self._sweeper.start()
         return self
 
     def stop(self) -> None:
         """A clean shutdown: what is queued for this worker goes to the shared queue now, and it stays
         known as gone, so peers also drain anything the broker restores into its queue later."""
         self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._sweeper):
+            if thread:
+                thread.join(timeout=5)
         self.registry.drain(self.state.queue)
         self.registry.go_silent(self.state.name)
 
@@ -70,21 +79,32 @@ class WorkerAgent:
             victim = self.registry.steal_one(self.state.name)
             if victim:
                 log.info("idle: took a unit queued for busy worker %s", victim)
-        if self.housekeeping:
-            self.housekeeping()
 
     def _nothing_queued_for_me(self) -> bool:
         return self.registry.queue_depth(self.state.queue) == 0 and self.registry.queue_depth(SHARED_QUEUE) == 0
 
     def _loop(self) -> None:
+        self._every(self.tick, "worker agent tick", BROKER)
+
+    def _sweep_loop(self) -> None:
+        assert self.housekeeping is not None
+        self._every(self.housekeeping, "sweep", None)
+
+    def _every(self, work: Callable[[], object], what: str, needs: str | None) -> None:
+        """Run work every beat_s; tell on_fault how each round went (it answered: `needs` is up)."""
         while not self._stop.wait(self.beat_s):
             try:
-                self.tick()
+                work()
             except Exception as exc:  # the agent must outlive any fault (Redis, database, storage down)
+                if self.on_fault:
+                    self.on_fault(exc, needs)
                 if _transient(exc):
-                    log.warning("worker agent tick: %s; will retry", one_line(exc))
+                    log.warning("%s: %s; will retry", what, one_line(exc))
                 else:
-                    log.exception("worker agent tick failed")
+                    log.exception("%s failed", what)
+            else:
+                if self.on_fault and needs:
+                    self.on_fault(None, needs)
 
 
 def _transient(exc: BaseException) -> bool:

@@ -1,6 +1,7 @@
 """Run queued work in this process through the same unit runner the Celery workers use."""
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from sqlalchemy import select
@@ -11,7 +12,11 @@ from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.jobs.webhooks.delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.jobs.outage import ServiceOutage
+from batchinfer.runtime.outage import UnitReleased
 from batchinfer.runtime.unit_runner import UnitOutcome, run_unit
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_WORKER = "embedded"
 
@@ -30,7 +35,10 @@ def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = No
         if on_loaded:
             on_loaded()
         for unit_id in unit_ids:
-            outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+            try:
+                outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+            except (UnitReleased, ServiceOutage) as exc:  # it stays queued: the next run (or `status`) takes it up
+                log.warning("%s", exc)
             sweep_jobs(ctx)
     deliver_due(ctx)
     return outcomes
