@@ -80,12 +80,12 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
     now = now or time.time()
     done = Sweep()
     _drain_dead_queues(registry)
-    answering = _probe_outages(ctx)
     for lost in _lost_units(ctx, registry, now):
         if lost.released_for is not None:
             _release(ctx, registry, lost)
         else:
             _rerun(ctx, hooks, lost, done, expect=UnitStatus.RUNNING)
+    answering = _probe_outages(ctx)
     for unsent in _unsent_units(ctx, registry, now, answering):
         _rerun(ctx, hooks, unsent, done, expect=UnitStatus.QUEUED)
     if _undispatched(ctx, now):

@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from functools import partial
+from functools import lru_cache, partial
 from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -240,9 +240,14 @@ def _save_up(ctx: AppContext, service: str, since: float | None, now: float) -> 
 
 
 def _redis(ctx: AppContext):
+    return _redis_at(ctx.settings.broker_url or "")
+
+
+@lru_cache(maxsize=8)
+def _redis_at(url: str):
     import redis
 
-    return redis.Redis.from_url(ctx.settings.broker_url or "", socket_timeout=1, socket_connect_timeout=1)
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
 
 
 def _mirror_key(ctx: AppContext, service: str) -> str:
