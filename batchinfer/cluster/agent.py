@@ -56,7 +56,7 @@ class WorkerAgent:
     def unit_started(self, unit_id: str) -> None:
         with self._lock:
             self.state.busy, self.state.unit_id = True, unit_id
-        self.beat()  # at once: a reaper must know what this worker runs if it dies now
+        self._beat_now()  # at once: a reaper must know what this worker runs if it dies now
 
     def unit_finished(self, prefix_key: str = "", work_tokens: int = 0, seconds: float = 0.0) -> None:
         """work_tokens: uncached prompt plus completion tokens the unit computed, for plan estimates."""
@@ -67,7 +67,15 @@ class WorkerAgent:
             if work_tokens and seconds > 0:
                 rate, old = work_tokens / seconds, self.state.prefill_tokens_per_s
                 self.state.prefill_tokens_per_s = rate if old is None else 0.7 * old + 0.3 * rate
-        self.beat()
+        self._beat_now()
+
+    def _beat_now(self) -> None:
+        """A beat from a unit's task: the broker down must not stop the unit (no sweep runs without it either,
+        and the beat loop publishes this state once it is back)."""
+        try:
+            self.beat()
+        except redis.RedisError as exc:
+            log.warning("worker state not published (the broker is down: %s); the next beat publishes it", one_line(exc))
 
     def beat(self) -> None:
         with self._lock:
