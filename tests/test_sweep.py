@@ -179,3 +179,46 @@ def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_swe
         holder.release()
     with ctx.sessions() as session:
         assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"pending"}
+
+
+def test_a_unit_released_for_an_outage_is_sent_again_once_its_service_answers_and_never_failed_for_it(setup):
+    """Released while storage was down (jobs.outage): its requests go back to planned, and the run is not a
+    failure: with attempts at the limit it is still sent again (storage answers here), not failed."""
+    ctx, registry, hooks, sent = setup
+    job, unit_id = _running_unit(ctx, registry, publish=False)
+    with ctx.sessions.begin() as session:
+        session.execute(update(WorkUnit).where(WorkUnit.id == unit_id).values(attempts=3))
+    assert units.release_unit(ctx, unit_id, 3, "storage", "waiting for storage: EndpointConnectionError")
+    assert not units.release_unit(ctx, unit_id, 3, "storage", "again")  # only the run that owns the unit
+    unit = _unit(ctx, unit_id)
+    assert (unit.status, unit.waiting_for, unit.outage_releases) == (UnitStatus.QUEUED, "storage", 1)
+    with ctx.sessions() as session:
+        assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"planned"}
+    assert service.get(ctx, job.id).status == JobStatus.IN_PROGRESS
+    done = sweep(ctx, registry, hooks)
+    assert done.resent == [unit_id] and sent == [unit_id] and done.failed == []
+    assert units.start_unit(ctx, unit_id, "w1", "inc-1").attempt == 4 and _unit(ctx, unit_id).waiting_for is None
+
+
+def test_a_release_the_database_could_not_take_is_made_by_the_sweep_from_the_brokers_note(setup):
+    """The database was down when the run gave up: it left a note in Redis; once the database answers the
+    sweep releases the unit from it (not a rerun of a lost unit: nothing counts as a failure)."""
+    ctx, registry, hooks, sent = setup
+    _, unit_id = _running_unit(ctx, registry)
+    registry.beat(WorkerState("w1", incarnation="inc-1"))  # alive, running nothing: its run gave up
+    registry.note_released(unit_id, 1, "database")
+    done = sweep(ctx, registry, hooks)
+    unit = _unit(ctx, unit_id)
+    assert done.rerun == [] and (unit.outage_releases, unit.attempts) == (1, 1)
+    assert registry.released(unit_id) is None  # the note is used once
+    assert unit_id in sent  # and the database answers: sent again in the same pass
+
+
+def test_an_expired_job_whose_unit_waits_for_an_outage_expires_its_unfinished_requests(setup):
+    ctx, registry, hooks, sent = setup
+    job, unit_id = _running_unit(ctx, registry, publish=False)
+    assert units.release_unit(ctx, unit_id, 1, "storage", "waiting for storage")
+    sweep(ctx, registry, hooks, now=job.expires_at + 0.1)
+    job = service.get(ctx, job.id)
+    assert (job.status, job.failed) == (JobStatus.EXPIRED, 2)
+    assert {e["error"]["code"] for e in read_output(ctx, job.id, errors=True)} == {"batch_expired"}

@@ -7,6 +7,7 @@ A second thread delivers the webhook outbox (batchinfer.jobs.webhooks.delivery).
 """
 from __future__ import annotations
 
+import logging
 import socket
 import warnings
 
@@ -17,7 +18,18 @@ from batchinfer.cluster.routing import SHARED_QUEUE, model_queue, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
+from batchinfer.jobs import outage
 from batchinfer.jobs.webhooks.delivery import DeliveryLoop
+
+
+def _lost_ack_in_one_line(record: logging.LogRecord) -> bool:
+    """An ack lost while the broker is down is no error of ours (the message comes back once it is, and its run
+    finds the unit done): one warning line instead of Celery's critical traceback."""
+    if str(record.msg).startswith("Couldn't ack"):
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg += " (the broker is down: the unit comes back once it answers, and its run finds it done)"
+    return True
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
@@ -36,12 +48,14 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # the choice is made (celery_app pins it), so not its 8-line notice at every broker reconnect; set
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
+        logging.getLogger("celery.worker.request").addFilter(_lost_ack_in_one_line)
         get_generator(settings)  # load the model before the first unit arrives
         reg = open_registry(settings)
         process = this_process()
         hooks = tasks.sweep_hooks(process)
         process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
-                                    lambda: maybe_sweep(process.ctx, reg, hooks), model=settings.model_id,
+                                    lambda: maybe_sweep(process.ctx, reg, hooks),
+                                    on_fault=lambda exc, needs: outage.observe(process.ctx, exc, needs), model=settings.model_id,
                                     model_path=settings.model).start()
         process.webhooks = DeliveryLoop(process.ctx).start()
 

@@ -18,6 +18,8 @@ from batchinfer.cluster.registry import open_registry
 from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
+from batchinfer.jobs.outage import ServiceOutage
+from batchinfer.runtime.outage import UnitReleased
 from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
 from workers.celery_app import app
 from workers.process import WorkerProcess, this_process
@@ -85,6 +87,9 @@ def run_unit_task(self, unit_id: str) -> dict:
                            stopping=process.stopping)
     except UnitInterrupted as exc:  # the unit stays running on this incarnation; the sweep reruns it
         log.warning("unit %s interrupted by shutdown (%s); it will be rerun", unit_id, exc)
+        return {"unit_id": unit_id, "committed": False, "completed": 0}
+    except (UnitReleased, ServiceOutage) as exc:  # a service stayed down: the sweep sends it again once it answers
+        log.warning("%s; it runs again once that service answers", exc)
         return {"unit_id": unit_id, "committed": False, "completed": 0}
     except Exception as exc:  # storage or database still down after retries: the sweep reruns it, then fails it
         log.warning("unit %s did not commit: %s: %s; it will be rerun", unit_id, type(exc).__name__, str(exc)[:300])

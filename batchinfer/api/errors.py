@@ -6,6 +6,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+from batchinfer.db.session import is_transient_db
 from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, TooManyActive
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "invalid_request_error",
@@ -52,6 +55,16 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BatchInferError)
     async def _other(_: Request, exc: BatchInferError):
         return _reply(400, str(exc))
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_down(_: Request, exc: Exception):
+        if not is_transient_db(exc):
+            return _reply(500, "Internal server error.")
+        reply = _reply(503, "Waiting for the database: it does not answer. Batches resume by themselves once it is back; "
+                            "nothing fails for it.", "database_unavailable")
+        reply.headers["Retry-After"] = "5"
+        return reply
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError):

@@ -7,12 +7,12 @@ import time
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job
+from batchinfer.db.models import Job, ServiceOutage, UnitStatus, WorkUnit
 from batchinfer.jobs.live import live_total
 
 
@@ -49,7 +49,34 @@ class _JobCollector:
         for kind, value in zip(("prompt", "cached", "completion"), sums[2:]):
             tokens.add_metric([kind], value)
         yield tokens
+        yield from self._outages()
         yield from self._workers()
+
+    def _outages(self):
+        """Per service: down now, outages so far, unit runs released for it, seconds down; units waiting for it."""
+        from batchinfer.jobs.faults import SERVICES
+        from batchinfer.jobs.outage import current
+
+        with self.ctx.sessions() as session:
+            rows = {r.service: r for r in session.scalars(select(ServiceOutage))}
+            waiting = dict(session.execute(select(WorkUnit.waiting_for, func.count()).where(
+                WorkUnit.status == UnitStatus.QUEUED, WorkUnit.waiting_for.is_not(None)).group_by(WorkUnit.waiting_for)).all())
+        down_now = current(self.ctx)
+        families: list[GaugeMetricFamily | CounterMetricFamily] = [
+                    GaugeMetricFamily("batchinfer_service_down", "1 while the service is reported down", labels=["service"]),
+                    CounterMetricFamily("batchinfer_outages", "Outages of the service seen so far", labels=["service"]),
+                    CounterMetricFamily("batchinfer_outage_released_units", "Unit runs released unfinished for an outage "
+                                        "(run again once the service answers; never failed)", labels=["service"]),
+                    CounterMetricFamily("batchinfer_outage_seconds", "Seconds the service was down, over ended outages",
+                                        labels=["service"]),
+                    GaugeMetricFamily("batchinfer_units_waiting", "Units released and waiting for the service", labels=["service"])]
+        for service in SERVICES:
+            row = rows.get(service)
+            values = (1 if service in down_now else 0, row.outages if row else 0, row.released_units if row else 0,
+                      row.down_s if row else 0.0, waiting.get(service, 0))
+            for family, value in zip(families, values):
+                family.add_metric([service], value)
+        yield from families
 
     def _workers(self):
         if self.ctx.settings.embedded:

@@ -52,9 +52,19 @@ def friendly_errors(command):
             err.print(f"interrupted: {exc}" if str(exc) else "interrupted", markup=False, highlight=False)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence for people
+            if _database_down(exc):
+                err.print("error: waiting for the database: it does not answer; batches resume by themselves once it "
+                          "is back (nothing fails for it)", markup=False, highlight=False)
+                raise typer.Exit(1) from None
             err.print(excerpt(f"error: {type(exc).__name__}: {exc}".splitlines()[0]), markup=False, highlight=False)
             raise typer.Exit(1) from None
     return wrapper
+
+
+def _database_down(exc: BaseException) -> bool:
+    from batchinfer.db.session import is_transient_db
+
+    return is_transient_db(exc)
 
 
 def _context(embedded: bool = False):

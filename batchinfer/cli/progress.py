@@ -63,10 +63,12 @@ def watch_line(batch: dict) -> str:
     tail = f", ETA {eta:.0f} s (this batch's pace)" if eta is not None else ""
     if eta is None and batch.get("estimated_remaining_s") is not None:
         tail = f", ETA {batch['estimated_remaining_s']:.0f} s ({batch['estimate_source']})"
+    if batch.get("waiting_for"):
+        tail += f"; waiting for {' and '.join(batch['waiting_for'])}"
     return (f"{clock} {batch['id']} {batch['status']}: {counts['completed']} completed, {counts['failed']} failed, "
             f"{counts['total']} total; {usage['output_tokens']} completion tokens{tail}")
 
 
 def changed(before: dict | None, after: dict) -> bool:
-    keys = ("status", "request_counts", "usage")
-    return before is None or any(before[k] != after[k] for k in keys)
+    keys = ("status", "request_counts", "usage", "waiting_for")
+    return before is None or any(before.get(k) != after.get(k) for k in keys)

@@ -48,6 +48,8 @@ def job_table(batch: dict) -> Table:
         table.add_row("input file", literal(excerpt(batch["input_filename"])))
     if batch["metadata"]:
         table.add_row("metadata", literal(excerpt(", ".join(f"{k}={v}" for k, v in batch["metadata"].items()))))
+    if batch.get("waiting_for"):
+        table.add_row("waiting for", Text(waiting_text(batch), style="bold yellow"))
     eta = eta_s(batch) if batch["status"] == "in_progress" else None
     if eta is not None:
         table.add_row("ETA", f"{eta:.0f} s (at this batch's pace so far)")
@@ -64,6 +66,12 @@ def job_table(batch: dict) -> Table:
         more = f"\n... and {count - 20} more" if count > 20 else ""
         table.add_row("errors", literal(f"{count}\n{shown}{more}"))
     return table
+
+
+def waiting_text(batch: dict) -> str:
+    """What a batch waits for while a service is down: nothing failed, it resumes by itself."""
+    since = f" since {_when(batch['waiting_since'])}" if batch.get("waiting_since") else ""
+    return f"{' and '.join(batch['waiting_for'])} (unreachable{since}); the batch resumes when it answers"
 
 
 def error_line(error: dict) -> str:

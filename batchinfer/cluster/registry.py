@@ -171,6 +171,25 @@ class WorkerRegistry:
                         found.add(unit_id)
         return found
 
+    def note_released(self, unit_id: str, attempt: int, service: str, keep_s: float = 86400.0) -> None:
+        """A run of the unit gave up on `service` but could not write its release (the database was down)."""
+        self.conn.set(self._released_key(unit_id), json.dumps({"attempt": attempt, "service": service}),
+                      px=int(keep_s * 1000))
+
+    def released(self, unit_id: str) -> tuple[int, str] | None:
+        """(attempt, service) of the note note_released left for the unit, if any."""
+        raw = self.conn.get(self._released_key(unit_id))
+        if raw is None:
+            return None
+        note = json.loads(raw)
+        return int(note["attempt"]), str(note["service"])
+
+    def forget_released(self, unit_id: str) -> None:
+        self.conn.delete(self._released_key(unit_id))
+
+    def _released_key(self, unit_id: str) -> str:
+        return f"{self.key_prefix}batchinfer:released:{unit_id}"
+
     def dispatch_key(self) -> str:
         return f"{self.key_prefix}batchinfer:{DISPATCH_LOCK}"
 

@@ -2,8 +2,10 @@
 
 Units running on a worker that is dead, restarted (another incarnation) or alive but running something
 else are rerun; units past their time limit too; queued units with no message in the broker are sent
-again; pending requests nobody dispatched are dispatched. Then the job-state half (jobs.lifecycle):
-expiry, cancels, finalize and its retries. A unit that failed max_attempts times fails its requests.
+again; units released for an outage (jobs.outage) are sent again once a probe finds their service
+answering; pending requests nobody dispatched are dispatched. Then the job-state half (jobs.lifecycle):
+expiry, cancels, finalize and its retries. A unit that failed max_attempts times fails its requests;
+runs released for an outage are not failures.
 
 Every step is a conditional UPDATE, so a sweep that overlaps a worker's commit changes nothing it should
 not; a rerun still commits behind the unit runner's fence, so nothing counts twice.
@@ -21,7 +23,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.errors import one_line
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
-from batchinfer.jobs import lifecycle
+from batchinfer.jobs import lifecycle, outage
 from batchinfer.jobs.state import units
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,16 @@ class SweepHooks:
     fail: Callable[[str, str], object]
     dispatch: Callable[[], object]
     revalidate: Callable[[str], object] | None = None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A unit to send again: its attempts (the compare-and-set), the runs that count as failures, and why."""
+    unit_id: str
+    attempts: int
+    failures: int
+    cause: str
+    released_for: str | None = None  # a run gave up on this service (outage): released, not rerun
 
 
 @dataclass
@@ -68,10 +80,14 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
     now = now or time.time()
     done = Sweep()
     _drain_dead_queues(registry)
-    for unit_id, attempts, cause in _lost_units(ctx, registry, now):
-        _rerun(ctx, hooks, unit_id, attempts, cause, done, expect=UnitStatus.RUNNING)
-    for unit_id, attempts, cause in _unsent_units(ctx, registry, now):
-        _rerun(ctx, hooks, unit_id, attempts, cause, done, expect=UnitStatus.QUEUED)
+    for lost in _lost_units(ctx, registry, now):
+        if lost.released_for is not None:
+            _release(ctx, registry, lost)
+        else:
+            _rerun(ctx, hooks, lost, done, expect=UnitStatus.RUNNING)
+    answering = _probe_outages(ctx)
+    for unsent in _unsent_units(ctx, registry, now, answering):
+        _rerun(ctx, hooks, unsent, done, expect=UnitStatus.QUEUED)
     if _undispatched(ctx, now):
         hooks.dispatch()
         done.dispatched = True
@@ -94,44 +110,65 @@ def _live(registry: WorkerRegistry) -> dict[str, WorkerState]:
     return {w.name: w for w in registry.live()}
 
 
-def _lost_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list[tuple[str, int, str]]:
-    """(unit, attempts, why) for each unit marked running that nothing runs any more. The registry is read
-    after the database: a worker publishes a unit before it marks it running, so a fresh start is seen."""
+def _lost_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list[Lost]:
+    """Each unit marked running that nothing runs any more. The registry is read after the database: a
+    worker publishes a unit before it marks it running, so a fresh start is seen."""
     with ctx.sessions() as session:
         rows = list(session.execute(select(WorkUnit.id, WorkUnit.worker, WorkUnit.incarnation, WorkUnit.attempts,
-                                           WorkUnit.started_at).where(WorkUnit.status == UnitStatus.RUNNING)))
+                                           WorkUnit.outage_releases, WorkUnit.started_at)
+                                    .where(WorkUnit.status == UnitStatus.RUNNING)))
     if not rows:
         return []
     live = _live(registry)
     lost = []
-    for unit_id, worker, incarnation, attempts, started_at in rows:
+    for unit_id, worker, incarnation, attempts, releases, started_at in rows:
         state = live.get(worker or "")
         if state is None:
             why = f"worker {worker} stopped beating"
         elif incarnation and state.incarnation and state.incarnation != incarnation:
             why = f"worker {worker} restarted"
         elif state.unit_id != unit_id:
+            note = registry.released(unit_id)
+            if note is not None and note[0] == attempts:  # its run gave up on an outage while the database was down
+                lost.append(Lost(unit_id, attempts, attempts - releases, f"waiting for {note[1]}", note[1]))
+                continue
             why = f"worker {worker} is not running it"
         elif started_at is not None and now - started_at > ctx.settings.unit_time_limit_s:
             why = f"past its time limit of {ctx.settings.unit_time_limit_s} s"
         else:
             continue
-        lost.append((unit_id, attempts, why))
+        lost.append(Lost(unit_id, attempts, attempts - (releases or 0), why))
     return lost
 
 
-def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float) -> list[tuple[str, int, str]]:
-    """Queued units older than the grace period with no message in the broker (Redis lost it)."""
+def _probe_outages(ctx: AppContext) -> set[str]:
+    """Services that units were released for, or that someone reported down: which of them answer now (each
+    probe also renews or ends the report that `status` shows)."""
+    with ctx.sessions() as session:
+        waited = set(session.scalars(select(WorkUnit.waiting_for).where(WorkUnit.status == UnitStatus.QUEUED,
+                                                                        WorkUnit.waiting_for.is_not(None)).distinct()))
+    services = {s for s in waited | set(outage.current(ctx)) if s}
+    return {s for s in sorted(services) if outage.probe(ctx, s)}
+
+
+def _unsent_units(ctx: AppContext, registry: WorkerRegistry, now: float, answering: set[str]) -> list[Lost]:
+    """Queued units older than the grace period with no message in the broker (Redis lost it), and units
+    released for an outage, as soon as their service answers (no grace: nobody sent them)."""
     grace = ctx.settings.worker_ttl_s
     with ctx.sessions() as session:
-        rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.dispatched_at, WorkUnit.created_at)
+        rows = list(session.execute(select(WorkUnit.id, WorkUnit.attempts, WorkUnit.outage_releases, WorkUnit.waiting_for,
+                                           WorkUnit.dispatched_at, WorkUnit.created_at)
                                     .where(WorkUnit.status == UnitStatus.QUEUED)))
-    stale = [(u, a) for u, a, sent, created in rows if now - (sent or created) > grace]
+    released = [Lost(u, a, a - (r or 0), f"{w} answers again") for u, a, r, w, _, _ in rows if w and w in answering]
+    stale = [Lost(u, a, a - (r or 0), "no message for it in the broker") for u, a, r, w, sent, created in rows
+             if not w and now - (sent or created) > grace]
     # A live dispatcher may still be sending them (planning 50,000 requests outlasts the grace): not lost
-    if not stale or registry.dispatching():
+    if stale and registry.dispatching():
+        stale = []
+    if not (stale or released):
         return []
     present = registry.queued_unit_ids() | {w.unit_id for w in _live(registry).values() if w.unit_id}
-    return [(u, a, "no message for it in the broker") for u, a in stale if u not in present]
+    return [lost for lost in released + stale if lost.unit_id not in present]
 
 
 def _undispatched(ctx: AppContext, now: float) -> bool:
@@ -143,16 +180,25 @@ def _undispatched(ctx: AppContext, now: float) -> bool:
                                                          Job.queued_at < now - grace))))
 
 
-def _rerun(ctx: AppContext, hooks: SweepHooks, unit_id: str, attempts: int, cause: str, done: Sweep,
-           expect: str) -> None:
-    if attempts >= ctx.settings.unit_max_attempts:
+def _rerun(ctx: AppContext, hooks: SweepHooks, lost: Lost, done: Sweep, expect: str) -> None:
+    unit_id = lost.unit_id
+    if lost.failures >= ctx.settings.unit_max_attempts:
         try:
-            if hooks.fail(unit_id, cause):
+            if hooks.fail(unit_id, lost.cause):
                 done.failed.append(unit_id)
         except Exception as exc:  # storage still down (its error lines go there): the next sweep tries again
             log.warning("unit %s: could not fail it yet: %s", unit_id, one_line(exc))
         return
-    if units.send_again(ctx, unit_id, expect, attempts, cause):
-        log.warning("unit %s: %s; sending it again", unit_id, cause)
+    if units.send_again(ctx, unit_id, expect, lost.attempts, lost.cause):
+        log.warning("unit %s: %s; sending it again", unit_id, lost.cause)
         hooks.requeue(unit_id)
         (done.rerun if expect == UnitStatus.RUNNING else done.resent).append(unit_id)
+
+
+def _release(ctx: AppContext, registry: WorkerRegistry, lost: Lost) -> None:
+    """The release a run left in the broker (the database was down then), written now: not a failure."""
+    assert lost.released_for is not None
+    if units.release_unit(ctx, lost.unit_id, lost.attempts, lost.released_for, lost.cause):
+        outage.count_release(ctx, lost.released_for)
+        log.warning("unit %s: released (%s); it runs again once that service answers", lost.unit_id, lost.cause)
+    registry.forget_released(lost.unit_id)

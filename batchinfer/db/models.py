@@ -129,6 +129,8 @@ class WorkUnit(Base):
     incarnation: Mapped[str | None] = mapped_column(String(64))  # the worker process that runs it now
     dispatched_at: Mapped[float | None] = mapped_column(Float)  # last time a message for it was sent
     last_error: Mapped[str | None] = mapped_column(String(1024))  # why its last run did not commit
+    waiting_for: Mapped[str | None] = mapped_column(String(16))  # released while this service was down (jobs.outage)
+    outage_releases: Mapped[int] = mapped_column(Integer, default=0)  # runs released for an outage: not failures
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
@@ -170,6 +172,21 @@ class EngineRate(Base):
     decode_sizes: Mapped[dict] = mapped_column(JSON, default=dict)
     units: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ServiceOutage(Base):
+    """One row per service (storage, database, broker): whether it is down now, as the processes that need it
+    saw it, and how often it went down and units were released for it (jobs.outage; /metrics reads it)."""
+
+    __tablename__ = "service_outages"
+
+    service: Mapped[str] = mapped_column(String(16), primary_key=True)
+    down_since: Mapped[float | None] = mapped_column(Float)  # None: it answers
+    seen_at: Mapped[float] = mapped_column(Float)  # the last failure (down) or answer (up) someone reported
+    detail: Mapped[str | None] = mapped_column(String(512))  # the last error, one line
+    outages: Mapped[int] = mapped_column(Integer, default=0)  # times it went down
+    released_units: Mapped[int] = mapped_column(Integer, default=0)  # unit runs released while it was down
+    down_s: Mapped[float] = mapped_column(Float, default=0.0)  # seconds down, over the ended outages
 
 
 class WebhookStatus(StrEnum):

@@ -15,7 +15,7 @@ from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
 from batchinfer.jobs.output import formats
 from batchinfer.jobs import storage_keys
-from batchinfer.jobs.faults import is_transient
+from batchinfer.jobs.faults import is_transient, service_of
 from batchinfer.jobs.state import validation as state
 from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
 from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
@@ -70,6 +70,7 @@ def _refresh_statistics(ctx: AppContext, rows: int) -> None:
 
 def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
     if is_transient(exc):
+        _report(ctx, exc)
         raise ValidationDeferred(_deferred(ctx, job_id, exc)) from exc
     if isinstance(exc, FileNotFoundError) and not _input_stored(ctx, job_id):
         cause = "the input file was never stored (the submit was interrupted)"
@@ -83,6 +84,14 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
         return _get(ctx, job_id)
     except Exception as again:  # the database or storage went away meanwhile: the next sweep tries again
         raise ValidationDeferred(_deferred(ctx, job_id, again)) from again
+
+
+def _report(ctx: AppContext, exc: BaseException) -> None:
+    from batchinfer.jobs import outage
+
+    service = service_of(exc)
+    if service is not None:
+        outage.report_down(ctx, service, exc)
 
 
 def _deferred(ctx: AppContext, job_id: str, exc: BaseException) -> str:

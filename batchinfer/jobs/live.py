@@ -13,7 +13,7 @@ from typing import cast
 from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, UnitProgress, UnitStatus, WorkUnit
+from batchinfer.db.models import Job, JobStatus, Request, UnitProgress, UnitStatus, WorkUnit
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,51 @@ def live_total(session) -> LiveCounts:
 
 
 def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
-    """The jobs with their running units' figures added to their counts (copies for display; never stored)."""
+    """The jobs with their running units' figures added to their counts, and what services an unfinished one
+    waits for (copies for display; never stored)."""
     running = [j.id for j in jobs if j.in_progress_at is not None and j.status not in JobStatus.TERMINAL]
-    if not running:
+    if running:
+        with ctx.sessions() as session:
+            live = live_counts(session, running)
+        jobs = [_plus(job, live[job.id]) if job.id in live else job for job in jobs]
+    return with_waiting(ctx, jobs)
+
+
+def with_waiting(ctx: AppContext, jobs: list[Job]) -> list[Job]:
+    """Unfinished jobs get `waiting_for` (services, sorted) and `waiting_since` while a service is down: one
+    reported down (every unfinished batch needs all three), or one their released units wait for."""
+    from batchinfer.jobs import outage
+
+    unfinished = [j.id for j in jobs if j.status not in JobStatus.TERMINAL]
+    if not unfinished:
         return jobs
+    down = outage.current(ctx)
     with ctx.sessions() as session:
-        live = live_counts(session, running)
-    return [_plus(job, live[job.id]) if job.id in live else job for job in jobs]
+        released = set(session.execute(select(Request.job_id, WorkUnit.waiting_for).join(WorkUnit, WorkUnit.id == Request.unit_id)
+                                       .where(Request.job_id.in_(unfinished), WorkUnit.status == UnitStatus.QUEUED,
+                                              WorkUnit.waiting_for.is_not(None)).distinct()))
+    shown: list[Job] = []
+    for job in jobs:
+        services: set[str] = set(down) | {s for j, s in released if j == job.id and s} if job.id in unfinished else set()
+        if not services:
+            shown.append(job)
+            continue
+        copy = cast(SimpleNamespace, _copy(job))
+        copy.waiting_for = sorted(services)
+        copy.waiting_since = min((down[s].since for s in services if s in down), default=None)
+        shown.append(cast(Job, copy))
+    return shown
+
+
+def _copy(job: Job):
+    # a plain copy of the columns, not a Job: nothing shown here may ever reach the session
+    if isinstance(job, SimpleNamespace):
+        return job
+    return SimpleNamespace(**{c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs})
 
 
 def _plus(job: Job, live: LiveCounts) -> Job:
-    # a plain copy of the columns, not a Job: nothing shown here may ever reach the session
-    shown = cast(Job, SimpleNamespace(**{c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs}))
+    shown = cast(Job, _copy(job))
     shown.completed = (job.completed or 0) + live.completed
     shown.failed = (job.failed or 0) + live.failed
     shown.prompt_tokens = (job.prompt_tokens or 0) + live.prompt_tokens

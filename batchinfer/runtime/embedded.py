@@ -2,6 +2,7 @@
 model that BATCHINFER_MODELS names loads that model here too (once)."""
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from sqlalchemy import select
@@ -12,7 +13,11 @@ from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.jobs.webhooks.delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.jobs.outage import ServiceOutage
+from batchinfer.runtime.outage import UnitReleased
 from batchinfer.runtime.unit_runner import UnitOutcome, fail_unit, run_unit
+
+log = logging.getLogger(__name__)
 
 EMBEDDED_WORKER = "embedded"
 
@@ -36,7 +41,10 @@ def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = No
         if on_loaded and not loaded:
             on_loaded()
             loaded = True
-        outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+        try:
+            outcomes.append(run_unit(ctx, unit_id, generator, EMBEDDED_WORKER, on_result))
+        except (UnitReleased, ServiceOutage) as exc:  # it stays queued: the next run (or `status`) takes it up
+            log.warning("%s", exc)
         sweep_jobs(ctx)
     deliver_due(ctx)
     return outcomes

@@ -16,7 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 from batchinfer.jobs.output.records import UnitRequest, UnitResult
 from batchinfer.jobs.state import ending, units
-from batchinfer.runtime import embedding_parts
+from batchinfer.runtime import embedding_parts, outage
 from batchinfer.runtime.generator import Generator
 from batchinfer.runtime.progress import UnitWatch
 
@@ -47,17 +47,18 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
              on_result: OnResult | None = None, incarnation: str | None = None,
              stopping: Callable[[], bool] = lambda: False) -> UnitOutcome:
     """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted."""
-    started = units.start_unit(ctx, unit_id, worker, incarnation)
+    started = outage.start_step(ctx, unit_id, lambda: units.start_unit(ctx, unit_id, worker, incarnation))
     if started is None:
         return UnitOutcome(unit_id, committed=False)
     attempt, to_run, prefix_key = started.attempt, started.to_run, started.prefix_key
-    requests = _load_requests(ctx, unit_id, to_run)
+    steps = outage.UnitSteps(ctx, unit_id, attempt)  # storage or the database down: wait, then release (never fail)
+    requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, requests, ctx.settings.abort_poll_s, ctx.settings.progress_flush_s)
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
         records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
-    result_key = _write_results(ctx, unit_id, attempt, records)
-    outcome = _commit(ctx, unit_id, result_key, records)
+    result_key = steps.storage("store its results", lambda: _write_results(ctx, unit_id, attempt, records))
+    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, records))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:

@@ -77,7 +77,8 @@ async function renderList() {
   body.replaceChildren();
   for (const b of list.data) {
     const total = b.request_counts.total;
-    const tr = row([b.id, b.model || "", el("span", b.status, "status " + b.status), bar(total ? done(b) / total : 0),
+    const state = b.waiting_for ? `${b.status} · waiting for ${b.waiting_for.join(" and ")}` : b.status;
+    const tr = row([b.id, b.model || "", el("span", state, "status " + b.status + (b.waiting_for ? " waiting" : "")), bar(total ? done(b) / total : 0),
       `${done(b)}/${total}` + (b.request_counts.failed ? ` (${b.request_counts.failed} failed)` : ""),
       b.usage.total_tokens, pct(hitRate(b)), when(b.created_at), when(ended(b)), left(b)]);
     tr.className = "batch" + (b.id === selected ? " selected" : "");
@@ -99,7 +100,9 @@ async function renderDetail(id) {
   const b = await json("/v1/batches/" + encodeURIComponent(id));
   $("detail").hidden = false;
   $("d-id").textContent = b.id;
-  $("d-status").textContent = b.status; $("d-status").className = "status " + b.status;
+  $("d-status").textContent = b.waiting_for  // a service is down: the batch waits and resumes by itself
+    ? `${b.status} · waiting for ${b.waiting_for.join(" and ")} (unreachable since ${when(b.waiting_since)})` : b.status;
+  $("d-status").className = "status " + b.status + (b.waiting_for ? " waiting" : "");
   const steps = [["created", b.created_at], ["validated", b.queued_at], ["in progress", b.in_progress_at],
     ["cancelling", b.cancelling_at], ["finalizing", b.finalizing_at], ["completed", b.completed_at],
     ["failed", b.failed_at], ["expired", b.expired_at], ["cancelled", b.cancelled_at]];

@@ -39,6 +39,9 @@ def batch_object(job: Job) -> dict:
         # extras beside OpenAI's fields (SDK clients ignore them)
         "queued_at": _int(job.queued_at),
         "input_filename": job.input_filename or None,
+        # services the batch waits for (storage, database, broker) while one is down; null otherwise (jobs.outage)
+        "waiting_for": getattr(job, "waiting_for", None),
+        "waiting_since": _int(getattr(job, "waiting_since", None)),
     }
 
 

@@ -16,6 +16,8 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import JobConflict, JobNotFound
+from batchinfer.jobs import outage
+from batchinfer.jobs.faults import service_of
 from batchinfer.jobs.output.assembly import assemble
 from batchinfer.jobs.state import table as T
 from batchinfer.jobs.webhooks.events import record_final
@@ -83,7 +85,8 @@ def close_cancelled(ctx: AppContext) -> int:
 
 def try_finalize(ctx: AppContext, job_id: str) -> bool:
     """Assemble the files once no request is open. A conditional UPDATE lets one caller at a time do it; a
-    finalize that fails (storage down) is retried by the sweep with backoff, and fails the job at the end."""
+    finalize that an outage stops is tried again every outage_backoff_s until the service answers; one that
+    fails otherwise is retried by the sweep with backoff, and fails the job at the end."""
     now = time.time()
     claimed = retrying(ctx.sessions, lambda session: _claim_finalize(session, job_id, now))
     if claimed is None:
@@ -92,7 +95,11 @@ def try_finalize(ctx: AppContext, job_id: str) -> bool:
         retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
         return True
     except Exception as exc:  # storage or database still failing after retries: try again later
-        retrying(ctx.sessions, partial(_finalize_failed, job_id=job_id, claimed=claimed, exc=exc))
+        service = service_of(exc)
+        if service is not None:
+            outage.report_down(ctx, service, exc)
+        retrying(ctx.sessions, partial(_finalize_failed, job_id=job_id, claimed=claimed, exc=exc,
+                                       outage_s=ctx.settings.outage_backoff_s if service else None))
         return False
 
 
@@ -121,11 +128,16 @@ def _assemble(ctx: AppContext, session: Session, job_id: str, claimed: tuple[boo
     record_final(session, job)
 
 
-def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception) -> None:
+def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception, outage_s: float | None = None) -> None:
+    """outage_s: a service was down (not the job's fault): not counted, tried again that soon, never failed for it."""
     _, attempts = claimed
     cause = f"{type(exc).__name__}: {str(exc)[:300]}"
     job = session.get(Job, job_id, with_for_update=True)
     if job is None or job.status != JobStatus.FINALIZING:
+        return
+    if outage_s is not None:
+        job.finalize_attempts, job.finalize_after = attempts - 1, time.time() + outage_s
+        log.warning("job %s: finalize waits for a service (%s); trying again in %.0f s", job_id, cause, outage_s)
         return
     if attempts >= FINALIZE_MAX_ATTEMPTS:
         log.error("job %s: finalize failed %d times, the job fails: %s", job_id, attempts, cause)

@@ -51,6 +51,7 @@ EXPIRE_UNSTARTED = Transition("expire unstarted", "request", (R.PENDING, R.PLANN
 CANCEL_ORPHANED = Transition("cancel orphaned (no unit runs it)", "request", (R.PENDING, R.PLANNED, R.RUNNING), R.CANCELLED)
 CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
 EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
+RELEASE_REQUEST = Transition("release (its unit waits out an outage)", "request", (R.RUNNING,), R.PLANNED)
 
 # work units
 PLAN_UNIT = Transition("plan", "unit", (), U.QUEUED)
@@ -58,11 +59,12 @@ START_UNIT = Transition("start", "unit", (U.QUEUED, U.RUNNING), U.RUNNING)  # RU
 COMMIT_UNIT = Transition("commit (the fence)", "unit", (U.QUEUED, U.RUNNING), U.DONE)
 RERUN_UNIT = Transition("rerun (its worker is lost)", "unit", (U.RUNNING,), U.QUEUED)
 RESEND_UNIT = Transition("resend (its message is lost)", "unit", (U.QUEUED,), U.QUEUED)
+RELEASE_UNIT = Transition("release (a service it needs stayed down)", "unit", (U.RUNNING,), U.QUEUED)
 
 TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
                EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
                FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, CANCEL_RUNNING, EXPIRE_RUNNING,
-               PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT)
+               RELEASE_REQUEST, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
 
 
 class Refused(Exception):

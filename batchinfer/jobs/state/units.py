@@ -73,7 +73,7 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     if unit is None or not T.START_UNIT.allows(unit.status):
         return None
     T.apply(unit, T.START_UNIT)
-    unit.started_at, unit.worker, unit.incarnation = now, worker, incarnation
+    unit.started_at, unit.worker, unit.incarnation, unit.waiting_for = now, worker, incarnation, None
     unit.attempts += 1
     runnable = (select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
                 .where(Request.unit_id == unit_id, Job.status.in_(JobStatus.RUNNABLE),
@@ -170,6 +170,21 @@ def send_again(ctx: AppContext, unit_id: str, expect: str, attempts: int, cause:
                       dispatched_at=now, last_error=cause[:1000]) == 1
 
     return retrying(ctx.sessions, claim)
+
+
+def release_unit(ctx: AppContext, unit_id: str, attempt: int, service: str, cause: str) -> bool:
+    """Put a running unit back to queued, unfinished, because `service` stayed down: its requests go back to
+    planned (the completion window can expire them), and the run is not counted as a failure. Only while this
+    attempt still owns the unit; True when it moved. The sweep sends it again once the service answers."""
+    def work(session) -> bool:
+        moved = T.move(session, T.RELEASE_UNIT, WorkUnit.id == unit_id, WorkUnit.attempts == attempt,
+                       waiting_for=service, outage_releases=WorkUnit.outage_releases + 1, dispatched_at=time.time(),
+                       last_error=cause[:1000])
+        if moved:
+            T.move(session, T.RELEASE_REQUEST, Request.unit_id == unit_id)
+        return moved == 1
+
+    return retrying(ctx.sessions, work)
 
 
 def note_unit_error(ctx: AppContext, unit_id: str, cause: str) -> None:
