@@ -19,7 +19,7 @@ from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
 from batchinfer.jobs.outage import ServiceOutage
-from batchinfer.runtime.outage import UnitReleased
+from batchinfer.runtime.outage import UnitReleased, start_step
 from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
 from workers.celery_app import app
 from workers.process import WorkerProcess, this_process
@@ -72,7 +72,11 @@ def run_unit_task(self, unit_id: str) -> dict:
     process = this_process()
     ctx, agent = process.ctx, process.agent
     worker = (self.request.hostname or "worker").split("@")[0]
-    elsewhere = _other_model(ctx, unit_id)
+    try:  # the database down: waited out as the unit's start would be, then left to the sweep
+        elsewhere = start_step(ctx, unit_id, lambda: _other_model(ctx, unit_id))
+    except ServiceOutage as exc:
+        log.warning("%s; it runs again once that service answers", exc)
+        return {"unit_id": unit_id, "committed": False, "completed": 0}
     if elsewhere is not None:  # sent here by a path that knows no models (an old message): to its model's workers
         priority = (self.request.delivery_info or {}).get("priority")
         run_unit_task.apply_async(args=[unit_id], queue=model_queue(elsewhere), priority=priority)
