@@ -68,6 +68,15 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """parent's place in the running queue goes to the sequences forked from it (they hold its blocks now)."""
+        i = self.running.index(parent)
+        self.running[i:i + 1] = children
+        for child in children:
+            child.status = SequenceStatus.RUNNING
+        parent.status = SequenceStatus.FINISHED
+        self.block_manager.free(parent)
+
     # running --------------------------------------------------------------------------------------
 
     def _schedule_running(self, budget: int) -> tuple[list[Sequence], int, bool]:
