@@ -266,6 +266,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         last_token_time=seq.last_token_time,
         embedding=seq.embedding,
         logprobs=[stop_checker.with_bytes(e) for e in seq.logprobs] if seq.sampling.logprobs is not None else None,
+        stop_reason=seq.stop_reason,
     )
 
 

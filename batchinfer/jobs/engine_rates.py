@@ -4,7 +4,7 @@ Each unit's run adds its engine step times (by phase) to its machine's sums; old
 figures follow the machine's recent load. Prefill is priced per computed prompt token. A decode step of
 b sequences costs a + c*b (a: reading the weights, launching; c: each sequence's share), fitted by least
 squares from the sums, so a unit whose requests decode side by side costs a*(longest max_tokens) +
-c*(sum of max_tokens). A figure says where it came from (MeasuredRate.source).
+c*(sum of max_tokens, times n). A figure says where it came from (MeasuredRate.source).
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> Non
 
 def _route(plans: list[UnitPlan], live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
     if worker_loads:
-        costs = [sum(len(r.prompt_token_ids) + r.max_tokens for r in p.requests) for p in plans]
+        costs = [p.cost for p in plans]
         return route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], worker_loads)
     return [choose_queue(p.prefix_key, live_workers) for p in plans]
 

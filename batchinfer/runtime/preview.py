@@ -29,7 +29,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig,
     report = validate_stream(source, tokenizer, validation_limits(ctx.settings, max_model_len), on_valid, lambda _error: None)
     rate = engine_rates.measured(ctx, ctx.settings.model_id, [w.name for w in workers] + [engine_rates.machine_name()])
     units = plan_units(pending, config)
-    decode = rate.decode_s(decode_steps(units), sum(r.max_tokens for r in pending))
+    decode = rate.decode_s(decode_steps(units), sum(r.new_tokens for r in pending))
     estimate = estimate_plan(pending, config, prefill_tokens_per_s=rate.prefill_tokens_per_s, decode_s=decode,
                              workers=len(workers), units=len(units))
     estimate.rate_source = rate.source
