@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from .attention import make_attention_backend
@@ -13,6 +14,7 @@ from .grammar import GrammarRunner
 from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
 from .parallel_sampling import ParentRequest, PromptSequence, sample_requests
+from .pooling_config import resolve_pooling
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_stats import StepStats
@@ -23,6 +25,7 @@ from .types import GenerationRequest, GenerationResult, context_length, now, ref
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
+        self.config = replace(self.config, pooling=resolve_pooling(self.config.pooling, loaded.path))
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
