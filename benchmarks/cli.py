@@ -4,6 +4,7 @@ import typer
 
 from .api import bench_api_command
 from .command import bench
+from .constrained import bench_constrained_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
 from .process_command import bench_process_command
@@ -16,3 +17,4 @@ app.command("api")(bench_api_command)
 app.command("process")(bench_process_command)
 app.command("startup")(bench_startup_command)
 app.command("load")(bench_load_command)
+app.command("constrained")(bench_constrained_command)
