@@ -138,3 +138,20 @@ def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_the_prompt_once()
     texts = [c["message"]["content"] for c in
              formats.output_line("b", 0, "c", "/v1/chat/completions", "m", merged, "w")["response"]["body"]["choices"]]
     assert texts == ["a", "b", "c"]
+
+
+def test_the_matched_stop_string_becomes_anthropics_stop_sequence():
+    from anthropic.types import Message
+
+    from batchinfer.jobs.output.anthropic_view import message
+
+    def as_message(result):
+        body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", result, "w")["response"]["body"]
+        return Message.model_validate(message(body))
+
+    stopped = as_message(_sample("Count: one", "stop", stop_reason=", two"))
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", ", two")
+    eos, cut = as_message(_sample("Hi", "stop")), as_message(_sample("Hi", "length"))
+    assert (eos.stop_reason, eos.stop_sequence, cut.stop_reason) == ("end_turn", None, "max_tokens")
+    by_token = as_message(_sample("Hi", "stop", stop_reason=7))  # a stop token id is no stop sequence
+    assert (by_token.stop_reason, by_token.stop_sequence) == ("end_turn", None)
