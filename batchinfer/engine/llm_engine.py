@@ -175,7 +175,7 @@ class LLMEngine:
         prompt = None
         if len(req.prompt_token_ids) > 1:
             prompt = PromptSequence(f"{req.request_id}#prompt", req.prompt_token_ids[:-1], children[0].sampling,
-                                    req.arrival_time, req.cache_salt)
+                                    req.arrival_time, req.cache_salt, num_samples=len(children))
         self.parents[req.request_id] = ParentRequest(req, samples, prompt)
         self.parent_of.update((s.request_id, req.request_id) for s in samples)
         for seq in [prompt] if prompt is not None else samples:

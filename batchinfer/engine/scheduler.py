@@ -112,7 +112,9 @@ class Scheduler:
     def _admit_waiting(self, budget: int) -> list[Sequence]:
         admitted = []
         for seq in self._waiting_order():
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            # a prompt of n samples takes n seats: they all run once it is prefilled
+            seats = getattr(seq, "num_samples", 1)
+            if budget <= 0 or self.running and len(self.running) + seats > self.max_num_seqs:
                 break
             hits = self.block_manager.match_prefix(seq)
             n = min(len(seq) - len(hits) * self.block_manager.block_size, budget)
