@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
-    embedding_pooling: str = "last"  # /v1/embeddings: "last" token (decoder embedders) or "mean" of the prompt
+    embedding_pooling: str = "auto"  # /v1/embeddings: "last" token, "mean" of the prompt, or "auto": the model's own
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine), "hf" (plain transformers, the reference) or
     # "null" (no model: one token per request at once, to benchmark the job system; only when named)
@@ -157,8 +157,8 @@ class Settings(BaseSettings):
     @field_validator("embedding_pooling")
     @classmethod
     def _pooling(cls, value: str) -> str:
-        if value not in ("last", "mean"):
-            raise ValueError(f"BATCHINFER_EMBEDDING_POOLING must be 'last' or 'mean', got {value!r}")
+        if value not in ("auto", "last", "mean"):
+            raise ValueError(f"BATCHINFER_EMBEDDING_POOLING must be 'auto', 'last' or 'mean', got {value!r}")
         return value
 
     @field_validator("engine")

@@ -4,6 +4,7 @@ import typer
 
 from .api import bench_api_command
 from .command import bench
+from .constrained import bench_constrained_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
 from .pipeline_command import bench_pipeline_command
@@ -20,3 +21,4 @@ app.command("startup")(bench_startup_command)
 app.command("load")(bench_load_command)
 app.command("pipeline")(bench_pipeline_command)
 app.command("plan")(bench_plan_command)
+app.command("constrained")(bench_constrained_command)

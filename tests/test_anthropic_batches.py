@@ -39,15 +39,18 @@ def test_create_poll_results_and_delete(api):  # noqa: F811
         request("blocks", "Count: one, two,", stop_sequences=["\n\n"], top_k=5, top_p=0.9,
                 system=[{"type": "text", "text": "Answer."}]),
         request("other-model", "Hi!", model="claude-sonnet-4"),
+        request("stopper", "Hi!", max_tokens=8, stop_sequences=["e", "zzz"]),  # any greeting has an "e"
     ])
     assert created.id.startswith("msgbatch_") and created.processing_status == "in_progress"
-    assert sum(created.request_counts.to_dict().values()) == 3 and created.results_url is None
+    assert sum(created.request_counts.to_dict().values()) == 4 and created.results_url is None
     batch = wait_ended(c, created.id)
     counts = batch.request_counts
-    assert (counts.succeeded, counts.errored, counts.processing, counts.canceled, counts.expired) == (2, 1, 0, 0, 0)
+    assert (counts.succeeded, counts.errored, counts.processing, counts.canceled, counts.expired) == (3, 1, 0, 0, 0)
     assert batch.ended_at and batch.results_url
     results = {r.custom_id: r.result for r in c.messages.batches.results(batch.id)}
-    assert sorted(results) == ["blocks", "other-model", "plain"]
+    assert sorted(results) == ["blocks", "other-model", "plain", "stopper"]
+    stopped = results["stopper"].message
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "e") and "e" not in stopped.content[0].text
     for custom_id in ("plain", "blocks"):
         result = results[custom_id]
         assert result.type == "succeeded"

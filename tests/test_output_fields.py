@@ -108,3 +108,50 @@ def test_no_logprobs_asked_is_null():
 
 def test_sampling_params_defaults_ask_for_nothing():
     assert not SamplingParams().penalized and SamplingParams().logprobs is None
+
+
+def test_n_reaches_the_sampling_params_and_the_planner_counts_every_sample(tiny_tokenizer):
+    report, valid = _validate(tiny_tokenizer, {"n": 4, "max_tokens": 10}, {"max_tokens": 10})
+    assert report.ok and [v.sampling.n for v in valid] == [4, 1]
+    assert PreparedRequest.from_json(valid[0].to_json()).sampling.n == 4
+    four, one = (v.to_pending("b") for v in valid)
+    assert four.cost - one.cost == 30 and four.new_tokens == 40  # the prompt once, max_tokens per sample
+    _, valid = _validate(tiny_tokenizer, {"n": 16}, url="/v1/completions")
+    assert valid[0].sampling.n == 16
+
+
+def _sample(text: str, reason: str, stop_reason=None, tokens=(1, 2)):
+    return GenerationResult("r#sampleX", list(tokens), text, reason, 3, 0, 1.0, 1.0, 1.0, 2.0, stop_reason=stop_reason)
+
+
+def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_the_prompt_once():
+    samples = [_sample("a", "stop"), _sample("b", "length", tokens=(1, 2, 3)), _sample("c", "stop", "END")]
+    merged = GenerationResult("r", [1, 2], "a", "stop", 3, 2, 1.0, 1.0, 1.0, 2.0, samples=samples)
+    for url, parse in (("/v1/chat/completions", ChatCompletion), ("/v1/completions", Completion)):
+        body = formats.output_line("b", 0, "c", url, "m", merged, "w")["response"]["body"]
+        parsed = parse.model_validate(body)
+        assert [c.index for c in parsed.choices] == [0, 1, 2]
+        assert [c.finish_reason for c in parsed.choices] == ["stop", "length", "stop"]
+        assert [c["stop_reason"] for c in body["choices"]] == [None, None, "END"]
+        assert parsed.usage is not None and (parsed.usage.prompt_tokens, parsed.usage.completion_tokens) == (3, 7)
+        assert parsed.usage.prompt_tokens_details.cached_tokens == 2
+    texts = [c["message"]["content"] for c in
+             formats.output_line("b", 0, "c", "/v1/chat/completions", "m", merged, "w")["response"]["body"]["choices"]]
+    assert texts == ["a", "b", "c"]
+
+
+def test_the_matched_stop_string_becomes_anthropics_stop_sequence():
+    from anthropic.types import Message
+
+    from batchinfer.jobs.output.anthropic_view import message
+
+    def as_message(result):
+        body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", result, "w")["response"]["body"]
+        return Message.model_validate(message(body))
+
+    stopped = as_message(_sample("Count: one", "stop", stop_reason=", two"))
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", ", two")
+    eos, cut = as_message(_sample("Hi", "stop")), as_message(_sample("Hi", "length"))
+    assert (eos.stop_reason, eos.stop_sequence, cut.stop_reason) == ("end_turn", None, "max_tokens")
+    by_token = as_message(_sample("Hi", "stop", stop_reason=7))  # a stop token id is no stop sequence
+    assert (by_token.stop_reason, by_token.stop_sequence) == ("end_turn", None)

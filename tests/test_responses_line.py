@@ -51,6 +51,10 @@ def test_string_input_and_message_items_are_the_same_prompt(tiny_tokenizer):
     ({"input": "Hi", "stream": True}, "body.stream"),
     ({"input": ""}, "body.input"),
     ({"instructions": "x"}, "body.input"),
+    ({"input": "Hi", "text": {"format": {"type": "xml"}}}, "body.text"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "body.text"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "required": 5}}}},
+     "body.text.format"),  # a schema the grammar library cannot compile, found at submit time
 ])
 def test_unsupported_or_bad_fields_are_refused_per_line(tiny_tokenizer, body, param):
     report, valid, invalid = _validate(tiny_tokenizer, [responses_line("ok", input="Hi"), responses_line("bad", **body)])
@@ -74,3 +78,21 @@ def test_the_output_body_is_a_response_the_sdk_parses():
     usage = response.usage
     assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens, usage.total_tokens) == (
         7, 4, 3, 10)
+
+
+SCHEMA = {"type": "object", "properties": {"label": {"enum": ["yes", "no"]}}, "required": ["label"]}
+
+
+def test_text_format_holds_the_output_to_a_schema_and_the_response_repeats_it(tiny_tokenizer):
+    fmt = {"type": "json_schema", "name": "label", "schema": SCHEMA, "strict": True}
+    report, valid, _ = _validate(tiny_tokenizer, [responses_line("s", input="Hi", text={"format": fmt}),
+                                                  responses_line("o", input="Hi", text={"format": {"type": "json_object"}}),
+                                                  responses_line("t", input="Hi", text={"format": {"type": "text"}})])
+    assert report.ok
+    assert [v.sampling.guided for v in valid] == [("json_schema", json.dumps(SCHEMA, sort_keys=True)),
+                                                  ("json_object", ""), None]
+    result = GenerationResult("r", [1], '{"label": "yes"}', "stop", 3, 0, 1.0, 1.0, 1.0, 2.0)
+    body = formats.output_line("b", 0, "s", "/v1/responses", MODEL, result, "w", valid[0].echo)["response"]["body"]
+    response = Response.model_validate(body)
+    assert response.text is not None and response.text.format.type == "json_schema"
+    assert json.loads(response.output_text) == {"label": "yes"}

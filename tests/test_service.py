@@ -132,3 +132,18 @@ def test_every_submit_is_checked_alike_metadata_window_and_active_limit(make_con
         submit_lines(ctx, lines)
     service.cancel(ctx, first.id)
     assert submit_lines(ctx, lines).status == "queued"  # a finished batch no longer counts
+
+
+def test_n_samples_come_back_as_choices_with_the_prompt_counted_once(make_context, generator):
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line("four", "Once upon a time", max_tokens=3, n=4, temperature=1.0, seed=5,
+                                             ignore_eos=True),
+                             completion_line("one", "Once upon a time", max_tokens=3, temperature=1.0, seed=5,
+                                             ignore_eos=True)])
+    _run_units(ctx, generator, dispatch(ctx))
+    four, one = (o["response"]["body"] for o in read_output(ctx, job.id))
+    assert [c["index"] for c in four["choices"]] == [0, 1, 2, 3]
+    assert four["choices"][0]["text"] == one["choices"][0]["text"]  # sample 0 keeps the line's seed
+    assert four["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    assert four["usage"]["completion_tokens"] == 4 * 3  # ignore_eos: 3 tokens each sample
+    assert service.get(ctx, job.id).completion_tokens == four["usage"]["completion_tokens"] + one["usage"]["completion_tokens"]

@@ -114,7 +114,9 @@ def test_only_the_configured_model_is_served(tiny_tokenizer):
     ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "body.stop"),
     ({"messages": [{"role": "user", "content": "x"}], "seed": "7"}, "body.seed"),
     ({"messages": [{"role": "user", "content": "x"}], "top_k": 1.5}, "body.top_k"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "body.n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 17}, "body.n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "body.n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": "2"}, "body.n"),
 ])
 def test_bad_chat_fields_name_the_param(tiny_tokenizer, body, param):
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})

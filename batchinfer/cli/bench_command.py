@@ -11,7 +11,7 @@ BENCH_EXTRA = "the benchmarks are not installed: from a checkout, pip install -e
 
 
 def bench_command(ctx: typer.Context) -> None:
-    """Benchmarks (compare, grouping, api, process, startup, load, pipeline); `batchinfer bench --help` lists them."""
+    """Benchmarks (compare, grouping, api, process, startup, load, pipeline, plan, constrained); `batchinfer bench --help` lists them."""
     if any(importlib.util.find_spec(name) is None for name in ("benchmarks", "matplotlib")):
         typer.echo(BENCH_EXTRA, err=True)
         raise typer.Exit(1)

@@ -2,7 +2,10 @@
 
 Every block is in exactly one state: free (ref 0, no hash), used (ref > 0) or cached (ref 0 but its
 hash is registered, so a later request with the same prefix can lock it again). Cached blocks are
-evicted least recently used when the free list runs dry. Plain Python: no torch, no device.
+evicted least recently used when the free list runs dry. A forked sequence (n samples of one prompt)
+shares its parent's blocks, the partial last one too: the first write into a shared partial block
+copies it (copy on write; the runner applies take_copies() before the step's forward pass).
+Plain Python: no torch, no device.
 """
 from __future__ import annotations
 
@@ -49,6 +52,9 @@ class BlockManager:
         self.cached_block_ids: OrderedDict[int, None] = OrderedDict()  # evictable, oldest first
         self.hash_to_block_id: dict[bytes, int] = {}
         self.num_evictions = 0
+        self.pending_copies: list[tuple[int, int]] = []  # (src, dst) block copies the next step needs first
+        self.num_forked_blocks = 0  # block references handed to forked sequences instead of computed again
+        self.num_cow_copies = 0
 
     @property
     def num_blocks(self) -> int:
@@ -92,7 +98,7 @@ class BlockManager:
         and still leave `reserve` blocks available."""
         held = len(seq.block_table) or len(prefix_hits)
         computed = seq.num_computed_tokens if seq.block_table else len(prefix_hits) * self.block_size
-        needed = self.blocks_for(computed + num_new_tokens) - held
+        needed = self.blocks_for(computed + num_new_tokens) - held + (self._shared_partial(seq) is not None)
         locked_from_cache = sum(1 for b in prefix_hits if self.blocks[b].ref_count == 0)
         return needed + reserve <= self.num_available_blocks - locked_from_cache
 
@@ -108,10 +114,26 @@ class BlockManager:
         Registering before the forward pass is safe: the step writes each layer's K/V before any
         sequence reads it, so another sequence of the same step may already share these blocks."""
         end = seq.num_computed_tokens + num_new_tokens
+        self._copy_on_write(seq)
         while len(seq.block_table) < self.blocks_for(end):
             seq.block_table.append(self._take_free_block())
         if self.enable_prefix_caching:
             self._register_full_blocks(seq, seq.num_computed_tokens // self.block_size, end)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child takes parent's blocks and computed tokens by reference: nothing is computed or copied now."""
+        assert not child.block_table, f"{child} already holds blocks"
+        for block_id in parent.block_table:
+            self._lock(block_id)
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_hashes = list(parent.block_hashes)  # the same prompt blocks: the same hash chain
+        self.num_forked_blocks += len(parent.block_table)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies this step's allocations made: apply them before the forward pass."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def free(self, seq: Sequence) -> None:
         # Release the tail first so it is evicted before the prefix it depends on.
@@ -121,6 +143,25 @@ class BlockManager:
         seq.num_computed_tokens = 0
 
     # internals ------------------------------------------------------------------------------------
+
+    def _shared_partial(self, seq: Sequence) -> int | None:
+        """The block seq writes next when it is partly filled and shared (only forks share one), else None."""
+        index, offset = divmod(seq.num_computed_tokens, self.block_size)
+        if not offset or index >= len(seq.block_table):
+            return None
+        block_id = seq.block_table[index]
+        return block_id if self.blocks[block_id].ref_count > 1 else None
+
+    def _copy_on_write(self, seq: Sequence) -> None:
+        shared = self._shared_partial(seq)
+        if shared is None:
+            return
+        # Copying before the forward pass is safe: the source keeps a holder, and no write lands before it.
+        new = self._take_free_block()
+        self._release(shared)
+        seq.block_table[seq.num_computed_tokens // self.block_size] = new
+        self.pending_copies.append((shared, new))
+        self.num_cow_copies += 1
 
     def _register_full_blocks(self, seq: Sequence, first: int, end_tokens: int) -> None:
         hashes = self.full_block_hashes(seq, end_tokens)

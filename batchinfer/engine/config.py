@@ -14,7 +14,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-POOLINGS = ("last", "mean")
+POOLINGS = ("auto", "last", "mean")
 
 
 @dataclass
@@ -32,7 +32,8 @@ class EngineConfig:
     starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
     int8_max_rows: int | None = None  # steps of at most this many tokens use int8 weights; None: auto, 0: off
     int8_after_steps: int = DEFAULT_AFTER_STEPS  # small steps run in bf16 before the int8 copies are made
-    pooling: str = "last"  # an embed request's pooling: "last" token (decoder embedders) or "mean" of the prompt
+    pooling: str = "auto"  # an embed request's pooling: "last" token (decoder embedders), "mean" of the prompt, or
+    # "auto": what the model's files say (pooling_config.py), else last
 
     def __post_init__(self):
         try:

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from .attention import make_attention_backend
+from .block_copy import copy_blocks
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .grammar import GrammarRunner
 from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
+from .parallel_sampling import ParentRequest, PromptSequence, sample_requests
+from .pooling_config import resolve_pooling
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_stats import StepStats
@@ -21,6 +25,7 @@ from .types import GenerationRequest, GenerationResult, context_length, now, ref
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
+        self.config = replace(self.config, pooling=resolve_pooling(self.config.pooling, loaded.path))
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
@@ -34,6 +39,8 @@ class LLMEngine:
                                           self.config.enable_prefix_caching, self.config.pooling == "last")
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs: dict[str, Sequence] = {}
+        self.parents: dict[str, ParentRequest] = {}  # n > 1 requests by id
+        self.parent_of: dict[str, str] = {}  # sample sequence id -> its request's id
         self.step_stats = StepStats()
 
     @classmethod
@@ -45,15 +52,14 @@ class LLMEngine:
     # the request API -------------------------------------------------------------------------------
 
     def add_request(self, req: GenerationRequest) -> None:
-        if req.request_id in self.seqs:
+        if req.request_id in self.seqs or req.request_id in self.parents:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
         self.check_request(req)
+        if req.sampling.n > 1:
+            self._add_parent(req)
+            return
         self.add_grammar(req)
-        seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
-                       req.arrival_time if req.arrival_time is not None else now(), req.cache_salt)
-        self.seqs[seq.request_id] = seq
-        self.runner.sampler.add(seq.request_id, seq.sampling, self.config.device)
-        self.scheduler.add(seq)
+        self.scheduler.add(self._sequence(req))
 
     def step(self) -> list[GenerationResult]:
         started = time.perf_counter()  # the whole step, scheduling and detokenizing too: what a run takes
@@ -62,12 +68,14 @@ class LLMEngine:
             return []
         self._mark_scheduled(seqs)
         prompt = self.step_stats.prompt_tokens(seqs)
+        copy_blocks(self.runner.kv_caches, self.block_manager.take_copies())  # copy on write, before any write
         sampled = self.runner.run(seqs)
         embedded = self.runner.take_embeddings()
         finished = self.scheduler.postprocess(seqs, sampled, self.stop_checker)
         finished += self._finish_embedded(seqs, embedded)
         self._mark_tokens(seqs, sampled.keys() | embedded.keys())
-        results = [self._result(s) for s in finished]
+        self._fork_prefilled(seqs)
+        results = self._merge_samples([self._result(s) for s in finished])
         self.step_stats.record(seqs, time.perf_counter() - started, prompt)
         return results
 
@@ -77,6 +85,9 @@ class LLMEngine:
     def abort(self, request_id: str) -> GenerationResult | None:
         """Stop a waiting or running request now and free its KV blocks (vLLM's abort_request); its result
         (finish_reason "abort", the tokens generated so far), or None for an id the engine does not hold."""
+        parent = self.parents.pop(request_id, None)
+        if parent is not None:
+            return self._abort_parent(parent)
         seq = self.seqs.pop(request_id, None)
         if seq is None or seq.is_finished:
             return None
@@ -122,7 +133,8 @@ class LLMEngine:
         return {"num_blocks": bm.num_blocks, "free_blocks": len(bm.free_block_ids),
                 "cached_blocks": len(bm.cached_block_ids), "evictions": bm.num_evictions,
                 "preemptions": self.scheduler.num_preemptions, "waiting": len(self.scheduler.waiting),
-                "running": len(self.scheduler.running)}
+                "running": len(self.scheduler.running), "forked_blocks": bm.num_forked_blocks,
+                "cow_copies": bm.num_cow_copies}
 
     # bookkeeping -----------------------------------------------------------------------------------
 
@@ -143,6 +155,74 @@ class LLMEngine:
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
             raise ValueError(f"request {req.request_id}: its output format cannot be compiled "
                              f"({str(exc).splitlines()[0][:200] if str(exc) else 'no reason given'})") from None
+
+    def _sequence(self, req: GenerationRequest) -> Sequence:
+        seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
+                       req.arrival_time if req.arrival_time is not None else now(), req.cache_salt)
+        self.seqs[seq.request_id] = seq
+        self.runner.sampler.add(seq.request_id, seq.sampling, self.config.device)
+        return seq
+
+    # n > 1: one prompt, n samples (parallel_sampling.py) ----------------------------------------------
+
+    def _add_parent(self, req: GenerationRequest) -> None:
+        """Every sample's sequence, seed and grammar now; the prompt but its last token is computed once,
+        by a PromptSequence, before the samples fork it (a one-token prompt has nothing to share)."""
+        if req.arrival_time is None:
+            req.arrival_time = now()
+        children = sample_requests(req)
+        for child in children:
+            self.add_grammar(child)  # compiled once: the first raises for all, before anything is held
+        samples = [self._sequence(child) for child in children]
+        prompt = None
+        if len(req.prompt_token_ids) > 1:
+            prompt = PromptSequence(f"{req.request_id}#prompt", req.prompt_token_ids[:-1], children[0].sampling,
+                                    req.arrival_time, req.cache_salt, num_samples=len(children))
+        self.parents[req.request_id] = ParentRequest(req, samples, prompt)
+        self.parent_of.update((s.request_id, req.request_id) for s in samples)
+        for seq in [prompt] if prompt is not None else samples:
+            self.scheduler.add(seq)
+
+    def _fork_prefilled(self, seqs: list[Sequence]) -> None:
+        for prompt in seqs:
+            if isinstance(prompt, PromptSequence) and prompt.prefilled and not prompt.is_finished:
+                samples = self.parents[prompt.request_id.rsplit("#", 1)[0]].samples
+                for sample in samples:
+                    self.block_manager.fork(prompt, sample)
+                    sample.num_cached_tokens = prompt.num_cached_tokens
+                    sample.first_scheduled_time = prompt.first_scheduled_time
+                self.scheduler.fork(prompt, samples)
+
+    def _merge_samples(self, results: list[GenerationResult]) -> list[GenerationResult]:
+        """A sample's result waits for its siblings': the request's result holds them all."""
+        out = []
+        for result in results:
+            parent_id = self.parent_of.pop(result.request_id, None)
+            if parent_id is None:
+                out.append(result)
+                continue
+            parent = self.parents[parent_id]
+            parent.results[result.request_id] = result
+            if parent.done:
+                del self.parents[parent_id]
+                out.append(parent.result())
+        return out
+
+    def _abort_parent(self, parent: ParentRequest) -> GenerationResult:
+        if parent.prompt is not None and not parent.prompt.is_finished:
+            self.scheduler.finish(parent.prompt, "abort")
+        for seq in parent.samples:
+            if seq.request_id in parent.results:
+                continue
+            self.parent_of.pop(seq.request_id, None)
+            self.seqs.pop(seq.request_id, None)
+            self.scheduler.finish(seq, "abort")
+            self.runner.sampler.remove(seq.request_id)
+            self.grammar.remove(seq.request_id)
+            parent.results[seq.request_id] = aborted_result(seq, self.stop_checker)
+        return parent.result()
+
+    # bookkeeping, continued ---------------------------------------------------------------------------
 
     def _mark_scheduled(self, seqs: list[Sequence]) -> None:
         t = now()
@@ -191,6 +271,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         last_token_time=seq.last_token_time,
         embedding=seq.embedding,
         logprobs=[stop_checker.with_bytes(e) for e in seq.logprobs] if seq.sampling.logprobs is not None else None,
+        stop_reason=seq.stop_reason,
     )
 
 

@@ -68,6 +68,15 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """parent's place in the running queue goes to the sequences forked from it (they hold its blocks now)."""
+        i = self.running.index(parent)
+        self.running[i:i + 1] = children
+        for child in children:
+            child.status = SequenceStatus.RUNNING
+        parent.status = SequenceStatus.FINISHED
+        self.block_manager.free(parent)
+
     # running --------------------------------------------------------------------------------------
 
     def _schedule_running(self, budget: int) -> tuple[list[Sequence], int, bool]:
@@ -103,7 +112,9 @@ class Scheduler:
     def _admit_waiting(self, budget: int) -> list[Sequence]:
         admitted = []
         for seq in self._waiting_order():
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+            # a prompt of n samples takes n seats: they all run once it is prefilled
+            seats = getattr(seq, "num_samples", 1)
+            if budget <= 0 or self.running and len(self.running) + seats > self.max_num_seqs:
                 break
             hits = self.block_manager.match_prefix(seq)
             n = min(len(seq) - len(hits) * self.block_manager.block_size, budget)

@@ -31,6 +31,7 @@ class Sequence:
         self.num_preemptions = 0
         self.skipped_steps = 0  # steps spent waiting while others were admitted (anti-starvation)
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's)
         self.logprobs: list[TokenLogprob] = []  # one per output token, kept when sampling.logprobs is set
         self.text = ""  # decoded so far, kept only when stop strings are searched
         self.prefix_offset = 0  # incremental detokenization: output tokens decoded as context

@@ -27,6 +27,7 @@ class StopChecker:
         if not p.ignore_eos and seq.token_ids[-1] in self.eos_token_ids:
             return "stop"
         if seq.token_ids[-1] in p.stop_token_ids:
+            seq.stop_reason = seq.token_ids[-1]
             return "stop"
         if p.stop and self._hit_stop_string(seq):
             return "stop"
@@ -35,15 +36,17 @@ class StopChecker:
         return None
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
-        """Extend the decoded text by the new token's characters; cut at the first stop string in them."""
+        """Extend the decoded text by the new token's characters; cut at the first stop string in them (the one
+        that starts first; of two starting together, the first listed), which becomes seq.stop_reason."""
         previous = len(seq.text)
         seq.text += self._decode_delta(seq)
         longest = max(len(s) for s in seq.sampling.stop)
         search_from = max(0, previous - longest + 1)
-        found = [i for i in (seq.text.find(s, search_from) for s in seq.sampling.stop) if i >= 0]
+        found = [(i, s) for s in seq.sampling.stop if (i := seq.text.find(s, search_from)) >= 0]
         if not found:
             return False
-        seq.text = seq.text[:min(found)]
+        at, seq.stop_reason = min(found, key=lambda hit: hit[0])
+        seq.text = seq.text[:at]
         return True
 
     def _decode_delta(self, seq: Sequence) -> str:

@@ -26,6 +26,7 @@ class SamplingParams:
     min_tokens: int = 0  # EOS and stop_token_ids masked until this many tokens are out
     stop_token_ids: tuple[int, ...] = ()
     guided: tuple[str, str] | None = None  # (kind, spec) a grammar holds the output to: see engine/grammar.py
+    n: int = 1  # samples of one prompt: prefilled once, then forked (engine/parallel_sampling.py)
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -40,6 +41,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         self.stop = tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids)
         if self.guided is not None:
@@ -93,6 +96,8 @@ class GenerationResult:
     error: str | None = None  # set (finish_reason "error") when the engine could not run this request
     embedding: list[float] | None = None  # an embed request's pooled, L2-normalized hidden state
     logprobs: list[TokenLogprob] | None = None  # one per output token when the request asked for logprobs
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it, else None
+    samples: list[GenerationResult] | None = None  # n > 1: every sample, index 0..n-1 (the fields above are sample 0's)
 
     @classmethod
     def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":
@@ -110,6 +115,16 @@ class GenerationResult:
 
     @property
     def completion_tokens(self) -> int:
+        """Output tokens of every sample (what usage counts)."""
+        if self.samples:
+            return sum(len(s.output_token_ids) for s in self.samples)
+        return len(self.output_token_ids)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Output tokens one after the other: samples decode side by side, so the longest one's."""
+        if self.samples:
+            return max(len(s.output_token_ids) for s in self.samples)
         return len(self.output_token_ids)
 
     @property
@@ -122,7 +137,7 @@ class GenerationResult:
 
     @property
     def tpot_s(self) -> float:
-        return time_per_output_token(self.first_token_time, self.last_token_time, self.completion_tokens)
+        return time_per_output_token(self.first_token_time, self.last_token_time, self.decode_tokens)
 
     @property
     def e2e_s(self) -> float:

@@ -6,7 +6,7 @@ detokenizing included). Prefill is priced per computed prompt token. A decode st
 steps of about b measured (mean step time per class of batch size, linear between classes), or, for sizes
 never measured, a + c*b (a: reading the weights, launching; c: each sequence's share) fitted by least squares
 from the sums. A unit's requests decode side by side: the prefill makes each one's first token, then step k
-holds the requests with more than k tokens to make (MeasuredRate.unit_decode_s). A figure says where it
+holds the sequences (n of a request) with more than k tokens to make (MeasuredRate.unit_decode_s). A figure says where it
 came from (MeasuredRate.source).
 """
 from __future__ import annotations

@@ -36,7 +36,7 @@ class RunShape:
 def shape_of(estimate: PlanEstimate, units: list[UnitPlan]) -> RunShape:
     """The shape of a plan (`plan`'s estimate and its units)."""
     return RunShape(estimate.prompt_tokens - estimate.expected_cached_tokens,
-                    tuple(tuple(r.max_tokens for r in unit.requests) for unit in units))
+                    tuple(tuple(r.max_tokens for r in unit.requests for _ in range(r.n)) for unit in units))
 
 
 def _shape(ctx: AppContext, job_id: str, config: PlannerConfig) -> RunShape:

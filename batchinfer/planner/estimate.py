@@ -12,7 +12,7 @@ from batchinfer.planner.types import PendingRequest, PlannerConfig
 class PlanEstimate:
     requests: int
     prompt_tokens: int
-    max_new_tokens: int  # upper bound: the sum of max_tokens
+    max_new_tokens: int  # upper bound: the sum of max_tokens (times n)
     prefix_groups: int
     expected_cached_tokens: int  # every distinct prefix block computed once
     units: int = 0
@@ -43,7 +43,7 @@ def estimate_plan(pending: list[PendingRequest], config: PlannerConfig | None = 
     prompt = sum(len(r.prompt_token_ids) for r in pending)
     cached = min(tree.expected_cached_tokens(), max(prompt - len(pending), 0))
     est = PlanEstimate(
-        requests=len(pending), prompt_tokens=prompt, max_new_tokens=sum(r.max_tokens for r in pending),
+        requests=len(pending), prompt_tokens=prompt, max_new_tokens=sum(r.new_tokens for r in pending),
         prefix_groups=groups, expected_cached_tokens=cached, units=units, workers=workers)
     if workers > 0 and prefill_tokens_per_s and decode_s is not None:
         est.estimated_run_s = ((prompt - cached) / prefill_tokens_per_s + decode_s) / workers

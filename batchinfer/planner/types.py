@@ -13,11 +13,17 @@ class PendingRequest:
     priority: int = 0  # higher runs first
     submitted_at: float = 0.0  # the job's queued time, wall clock
     scope: str = ""  # the job's cache scope: requests of different scopes never share a unit, group or block
+    n: int = 1  # samples: the prompt is computed once, each sample may generate max_tokens
+
+    @property
+    def new_tokens(self) -> int:
+        """The most the request may generate, every sample counted."""
+        return self.n * self.max_tokens
 
     @property
     def cost(self) -> int:
         """Tokens the request can occupy: its prompt plus the most it may generate."""
-        return len(self.prompt_token_ids) + self.max_tokens
+        return len(self.prompt_token_ids) + self.new_tokens
 
 
 @dataclass

@@ -122,7 +122,7 @@ def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_lo
     what no worker's own queue gets goes to the model's queue, never to the shared one."""
     if worker_loads:
         mine = [w for w in worker_loads if w.model in ("", model)]
-        costs = [sum(len(r.prompt_token_ids) + r.max_tokens for r in p.requests) for p in plans]
+        costs = [p.cost for p in plans]
         queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine)
     else:
         queues = [choose_queue(p.prefix_key, live_workers) for p in plans]

@@ -15,6 +15,7 @@ from batchinfer.engine.llm_engine import aborted_result, eos_token_ids, sequence
 from batchinfer.engine.loader import LoadedModel, load_model
 from batchinfer.engine.logits_processors import apply_logits_processors
 from batchinfer.engine.logprobs import sampled_logprobs
+from batchinfer.engine.parallel_sampling import merge_samples, sample_requests
 from batchinfer.engine.sampler import Sampler
 from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.stop_checker import StopChecker
@@ -52,11 +53,18 @@ class HFGenerator:
         results = []
         for req in requests:
             problem = refusal(req, self.max_model_len)
-            result = GenerationResult.failed(req, problem) if problem else self._generate_one(req, aborted)
+            result = GenerationResult.failed(req, problem) if problem else self._generate_samples(req, aborted)
             if on_result:
                 on_result(result)
             results.append(result)
         return results
+
+    def _generate_samples(self, req: GenerationRequest, aborted: Callable[[str], bool]) -> GenerationResult:
+        """n > 1: each sample as a request of its own, with the seed the engine gives it (no prompt sharing here)."""
+        if req.sampling.n == 1:
+            return self._generate_one(req, aborted)
+        samples = [self._generate_one(r, lambda _: aborted(req.request_id)) for r in sample_requests(req)]
+        return merge_samples(req, samples, 0)
 
     @torch.inference_mode()
     def _generate_one(self, req: GenerationRequest, aborted: Callable[[str], bool]) -> GenerationResult:

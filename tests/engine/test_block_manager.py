@@ -127,3 +127,72 @@ def test_random_operations_keep_integrity(seed):
             bm.free(seq)
         bm.check_integrity(live)
     assert bm.num_evictions > 0, "the random walk should have exercised eviction"
+
+
+def test_fork_shares_every_block_and_the_first_write_copies_the_partial_one():
+    bm = BlockManager(16, BS)
+    parent = make_seq(list(range(10)), "p")  # 2 full blocks + 2 tokens in a third
+    admit(bm, parent)
+    children = [make_seq(list(range(10)) + [99], f"c{i}") for i in range(3)]
+    for child in children:
+        bm.fork(parent, child)
+    bm.free(parent)
+    assert all(c.block_table == children[0].block_table for c in children) and bm.num_forked_blocks == 9
+    bm.check_integrity(children)
+    partial = children[0].block_table[2]
+    for child in children:
+        assert bm.can_allocate(child, 1)
+        bm.allocate_slots(child, 1)
+        child.num_computed_tokens += 1
+    copies = bm.take_copies()
+    # the first two writers copy the shared partial block; the last holder writes into it in place
+    assert copies == [(partial, children[0].block_table[2]), (partial, children[1].block_table[2])]
+    assert children[2].block_table[2] == partial and bm.num_cow_copies == 2 and bm.take_copies() == []
+    assert children[0].block_table[:2] == children[2].block_table[:2]  # full blocks stay shared
+    bm.check_integrity(children)
+
+
+def test_can_allocate_counts_the_copy_a_shared_partial_block_needs():
+    bm = BlockManager(3, BS)
+    parent = make_seq(list(range(10)), "p")
+    admit(bm, parent)
+    child = make_seq(list(range(11)), "c")
+    bm.fork(parent, child)
+    assert not bm.can_allocate(child, 1)  # every block is held: the copy has nowhere to go
+    bm.free(parent)
+    assert bm.can_allocate(child, 1)  # the child alone holds it now: it writes in place
+    bm.allocate_slots(child, 1)
+    assert bm.take_copies() == []
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_random_operations_with_forks_keep_integrity(seed):
+    rng = random.Random(seed)
+    bm = BlockManager(48, BS)
+    live: list[Sequence] = []
+    for step in range(2000):
+        op = rng.random()
+        if op < 0.25:
+            seq = make_seq([rng.randrange(5) for _ in range(rng.randrange(1, 14))], f"s{step}")
+            if bm.can_allocate(seq, len(seq)):
+                bm.allocate_slots(seq, len(seq))
+                seq.num_computed_tokens = len(seq)
+                live.append(seq)
+        elif op < 0.4 and live:
+            parent = rng.choice(live)
+            child = make_seq(list(parent.token_ids), f"f{step}")
+            bm.fork(parent, child)
+            live.append(child)
+        elif op < 0.8 and live:
+            seq = rng.choice(live)
+            seq.token_ids.append(rng.randrange(5))
+            if bm.can_allocate(seq, 1):
+                bm.allocate_slots(seq, 1)
+                seq.num_computed_tokens += 1
+            else:
+                seq.token_ids.pop()
+        elif live:
+            bm.free(live.pop(rng.randrange(len(live))))
+        bm.take_copies()
+        bm.check_integrity(live)
+    assert bm.num_cow_copies > 0, "the random walk should have copied a shared partial block"

@@ -138,3 +138,15 @@ def test_preempted_sequence_restarts_from_scratch_and_keeps_its_tokens():
         sched.block_manager.check_integrity(holders(sched))
     assert victim.status == SequenceStatus.FINISHED
     assert victim.token_ids[:len(kept)] == kept
+
+
+def test_a_prompt_of_n_samples_takes_n_seats_but_never_waits_forever():
+    from batchinfer.engine.parallel_sampling import PromptSequence
+
+    bm = BlockManager(64, 4)
+    sched = Scheduler(EngineConfig(max_num_seqs=4, max_num_batched_tokens=100), bm)
+    sched.add(Sequence("a", [1, 2, 3], SamplingParams()))
+    sched.add(PromptSequence("p", [4, 5, 6], SamplingParams(), num_samples=4))
+    assert [s.request_id for s in sched.schedule()] == ["a"]  # 1 + 4 seats > 4: the prompt waits
+    sched.finish(sched.running[0], "stop")
+    assert [s.request_id for s in sched.schedule()] == ["p"]  # alone it runs, even when n > max_num_seqs

@@ -49,3 +49,24 @@ def test_max_tokens_cut_inside_a_character_drops_the_partial_bytes(loaded_model)
         assert seq.finish_reason == "length"
         text = checker.final_text(seq)
         assert not text.endswith(REPLACEMENT_CHAR) and TEXT.startswith(text)
+
+
+def test_the_stop_string_that_matched_first_is_the_stop_reason(loaded_model):
+    tok = loaded_model.tokenizer
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    checker = _checker(tok)
+    seq = Sequence("s", [1], SamplingParams(max_tokens=len(ids), stop=("café", "12", "NEVER")))
+    for t in ids:
+        seq.token_ids.append(t)
+        if checker(seq) == "stop":
+            break
+    assert seq.stop_reason == "12" and seq.text == "Prix: "
+    by_id = Sequence("t", [1], SamplingParams(max_tokens=len(ids), stop_token_ids=(ids[2],)))
+    for t in ids:
+        by_id.token_ids.append(t)
+        if checker(by_id) == "stop":
+            break
+    assert by_id.stop_reason == ids[2]
+    plain = Sequence("u", [1], SamplingParams(max_tokens=2))
+    plain.token_ids += [tok.eos_token_id]
+    assert checker(plain) == "stop" and plain.stop_reason is None  # EOS: no stop string, no stop token id

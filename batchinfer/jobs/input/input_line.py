@@ -24,6 +24,7 @@ MAX_STOP = 4
 CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 300  # entries, as OpenAI
+MAX_N = 16  # samples a line may ask for: the prompt is computed once, each sample decodes on its own
 UNSUPPORTED = "absent (this server runs no tools, functions, audio or images)"
 
 
@@ -96,7 +97,7 @@ class Sampling(BaseModel):
         None, description="an integer in [-2**63, 2**64-1]")
     stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = Field(
         None, description=f"a non-empty string or a list of up to {MAX_STOP} of them")
-    n: Literal[1] = Field(1, description="1 (only n=1 is supported)")
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = Field(1, description=f"an integer in [1, {MAX_N}]")
     presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = Field(None, description="a number in [-2, 2]")
     repetition_penalty: Annotated[Number, Field(gt=0, le=10)] | None = Field(None, description="a number in (0, 10]")
@@ -146,7 +147,7 @@ class Sampling(BaseModel):
                                                        else self.repetition_penalty),
                               logit_bias={int(k): float(v) for k, v in (self.logit_bias or {}).items()},
                               min_tokens=self.min_tokens or 0, stop_token_ids=tuple(self.stop_token_ids or ()),
-                              ignore_eos=bool(self.ignore_eos), guided=self.constraint())
+                              ignore_eos=bool(self.ignore_eos), guided=self.constraint(), n=self.n)
 
     def constraint(self) -> tuple[str, str] | None:
         """The grammar the output is held to (engine/grammar.py's (kind, spec)), or None."""

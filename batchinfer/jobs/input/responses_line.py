@@ -2,15 +2,29 @@
 What we do not serve (tools, reasoning, previous_response_id, images) is refused by name, per line."""
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
 from batchinfer.jobs.input.input_line import ROLES, NonEmptyText, Number, Role, Text
 
 RESPONSES_URL = "/v1/responses"
 NOT_SUPPORTED = "absent (not supported here)"
+
+
+def _text_config(value: dict) -> dict:
+    """`text.format` as the Responses API has it: json_schema's name and schema sit in the format itself."""
+    fmt = value.get("format")
+    if fmt is None:
+        return value
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise PydanticCustomError("invalid_field", 'needs "format": {"type": "text" | "json_object" | "json_schema"}')
+    if fmt["type"] == "json_schema" and not isinstance(fmt.get("schema"), dict):
+        raise PydanticCustomError("invalid_field", 'of type json_schema needs "format": {"name", "schema": {...}}')
+    return value
 
 
 class InputText(BaseModel):
@@ -52,6 +66,9 @@ class ResponsesBody(BaseModel):
     conversation: None = Field(None, description=NOT_SUPPORTED)
     background: None = Field(None, description=NOT_SUPPORTED)
     stream: Literal[False] | None = Field(None, description="false (a batch result is never streamed)")
+    # named apart from the text parts' `text` (line_problems.RULES is keyed by field name); the line says "text"
+    text_config: Annotated[dict, AfterValidator(_text_config)] | None = Field(
+        None, alias="text", description='an object {"format": {"type": "text" | "json_object" | "json_schema", ...}}')
 
     def prompt_text(self, tokenizer) -> str:
         items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
@@ -66,12 +83,27 @@ class ResponsesBody(BaseModel):
         return SamplingParams(max_tokens=limit, temperature=float(d.get("temperature", 1.0) if self.temperature is None
                                                                   else self.temperature),
                               top_p=float(d.get("top_p", 1.0) if self.top_p is None else self.top_p),
-                              top_k=d.get("top_k", 0), repetition_penalty=float(d.get("repetition_penalty", 1.0)))
+                              top_k=d.get("top_k", 0), repetition_penalty=float(d.get("repetition_penalty", 1.0)),
+                              guided=self.constraint())
+
+    def text_format(self) -> dict:
+        return (self.text_config or {}).get("format") or {"type": "text"}
+
+    def constraint(self) -> tuple[str, str] | None:
+        """The grammar `text.format` holds the output to (engine/grammar.py's (kind, spec)), or None."""
+        fmt = self.text_format()
+        if fmt["type"] == "json_schema":
+            return "json_schema", json.dumps(fmt["schema"], sort_keys=True)
+        return ("json_object", "") if fmt["type"] == "json_object" else None
+
+    def constraints_given(self) -> list[str]:
+        return ["text.format"] if self.constraint() is not None else []
 
     def echo(self) -> dict[str, Any]:
         """What the Response object repeats of the request."""
         return {"instructions": self.instructions, "metadata": self.metadata or {},
-                "max_output_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p}
+                "max_output_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "text": {"format": self.text_format()}}
 
 
 def response_body(rid: str, model: str, result, echo: dict[str, Any] | None) -> dict:
@@ -88,7 +120,7 @@ def response_body(rid: str, model: str, result, echo: dict[str, Any] | None) -> 
             "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
             "instructions": echo.get("instructions"), "metadata": echo.get("metadata") or {},
             "max_output_tokens": echo.get("max_output_tokens"), "temperature": echo.get("temperature"),
-            "top_p": echo.get("top_p"),
+            "top_p": echo.get("top_p"), "text": echo.get("text") or {"format": {"type": "text"}},
             "usage": {"input_tokens": result.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": 0},
                       "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},

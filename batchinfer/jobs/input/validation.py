@@ -295,7 +295,7 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
                          f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
     echo = body.echo() if isinstance(body, ResponsesBody) else None
     _check_token_ids(sampling, len(tokenizer), custom_id)
-    if isinstance(body, Sampling):  # chat and completions lines; responses lines take no constraint yet
+    if not isinstance(body, EmbeddingsBody):  # embeddings lines are prepared apart and take no constraint
         _check_constraint(body, custom_id)
     return PreparedRequest(index, p.number, custom_id, p.url, p.model, prompt_ids, sampling, echo)
 
@@ -324,7 +324,7 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
                            body.echo(inputs))
 
 
-def _check_constraint(body: Sampling, custom_id: str) -> None:
+def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:
     """At most one output constraint, and one the grammar library can compile (found here, at submit time)."""
     given = body.constraints_given()
     if len(given) > 1:

@@ -105,9 +105,17 @@ def message(body: dict) -> dict:
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"id": "msg_" + body["id"].removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
             "model": body["model"], "content": [{"type": "text", "text": choice["message"]["content"]}],
-            "stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None,
+            **stop(choice),
             "usage": {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
                       "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
+
+
+def stop(choice: dict) -> dict:
+    """A stop string the sample ended on (the choice's stop_reason, vLLM's field) is Anthropic's stop_sequence."""
+    matched = choice.get("stop_reason")
+    if choice["finish_reason"] == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None}
 
 
 def _lines(ctx: AppContext, key: str) -> Iterator[bytes]:

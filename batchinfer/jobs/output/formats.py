@@ -30,17 +30,25 @@ def completion_body(url: str, rid: str, model: str, result, echo: dict | None = 
     if url == RESPONSES_URL:
         return response_body(rid, model, result, echo)
     created = int(result.last_token_time)
-    use = usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
-    entries = getattr(result, "logprobs", None)  # a generator that reports no logprobs: null, as before
+    use = usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)  # the prompt once, every sample
+    samples = getattr(result, "samples", None) or [result]  # n > 1: one choice per sample
     if url == CHAT_URL:
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                  "logprobs": chat_logprobs(entries), "finish_reason": result.finish_reason}
         return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [choice], "usage": use}
-    choice = {"index": 0, "text": result.text, "logprobs": completion_logprobs(entries),
-              "finish_reason": result.finish_reason}
+                "choices": [chat_choice(i, s) for i, s in enumerate(samples)], "usage": use}
     return {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": use}
+            "choices": [completion_choice(i, s) for i, s in enumerate(samples)], "usage": use}
+
+
+def chat_choice(index: int, result) -> dict:
+    # stop_reason is vLLM's extra: the stop string or stop token id that ended the sample, else null
+    return {"index": index, "message": {"role": "assistant", "content": result.text},
+            "logprobs": chat_logprobs(getattr(result, "logprobs", None)), "finish_reason": result.finish_reason,
+            "stop_reason": getattr(result, "stop_reason", None)}
+
+
+def completion_choice(index: int, result) -> dict:
+    return {"index": index, "text": result.text, "logprobs": completion_logprobs(getattr(result, "logprobs", None)),
+            "finish_reason": result.finish_reason, "stop_reason": getattr(result, "stop_reason", None)}
 
 
 def output_line(job_id: str, index: int, custom_id: str, url: str, model: str, result, worker: str,

@@ -50,7 +50,7 @@ class PreparedRequest:
 
     def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "") -> PendingRequest:
         return PendingRequest(job_id, self.index, tuple(self.prompt_token_ids), self.sampling.max_tokens,
-                              priority, submitted_at, scope)
+                              priority, submitted_at, scope, self.sampling.n)
 
 
 _PREPARED_FIELDS = tuple(f.name for f in fields(PreparedRequest))
