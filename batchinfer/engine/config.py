@@ -30,6 +30,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
     pooling: str = "last"  # an embed request's pooling: "last" token (decoder embedders) or "mean" of the prompt
+    dtype_reason: str = "asked"  # why this dtype: "asked", or auto's reason (dtype.py)
 
     def __post_init__(self):
         try:
@@ -45,7 +46,7 @@ class EngineConfig:
                f"must be one of {ATTENTION_BACKENDS}")
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype == "auto":
-            self.dtype = auto_dtype(self.device)
+            self.dtype, self.dtype_reason = auto_dtype(self.device)
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {tuple(DTYPES)}")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
         _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
@@ -54,6 +55,11 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def dtype_note(self) -> str:
+        """What start-up prints and each job records: `float32 (auto: no avx512_bf16 or amx_bf16)`."""
+        return f"{self.dtype} ({self.dtype_reason})"
 
     def kv_budget_bytes(self) -> int:
         if self.kv_cache_bytes is not None:
