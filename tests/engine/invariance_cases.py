@@ -14,12 +14,11 @@ import sys
 from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.types import GenerationRequest, SamplingParams
 
-MAX_TOKENS = 3
+MAX_TOKENS = 3  # a prefill and two decodes: enough to see both kinds of step
 KV_BYTES = 64 << 20
 LONG_PREFIX = ("Invoice 4471 from Northwind Traders lists forty crates of green tea, twelve boxes of ceramic mugs and "
                "a delivery charge. Payment is due within thirty days. The customer asked for the crates to be split "
-               "across two warehouses, one in Lyon and one in Porto, and requested that the mugs be wrapped "
-               "individually because a previous shipment arrived broken. Question: ")
+               "across two warehouses, one in Lyon and one in Porto. Question: ")  # > 64 tokens: over a chunk
 FEW_SHOT = ("Classify each review as positive, negative or neutral.\nReview: Cold soup. Sentiment: negative\n"
             "Review: Best pizza in years! Sentiment: positive\nReview: ")
 QUESTIONS = ["Who is the supplier?", "When is payment due?", "Which cities are mentioned?", "What went wrong?",
@@ -89,7 +88,6 @@ def arrangements(loaded, dtype: str) -> dict[str, dict]:
     warm = engine(loaded, dtype, prefix_caching=True)
     found["prefix cache cold"] = mixed_batch(warm, reqs, extra)
     found["prefix cache warm"] = mixed_batch(warm, reqs[::-1], extra)
-    found["cached prefix, alone"] = alone(warm, reqs)
     small = engine(loaded, dtype, prefix_caching=True, kv_bytes=_kv_bytes_for_blocks(loaded, dtype, 24))
     found["preempted (small KV budget)"] = mixed_batch(small, reqs, extra)
     found["preemptions"] = {"count": small.num_preemptions}

@@ -5,7 +5,6 @@ in the other's top 5. The exact-match rate is printed (pytest -s) for the record
 """
 from __future__ import annotations
 
-import pytest
 import torch
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
