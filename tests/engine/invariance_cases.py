@@ -54,8 +54,9 @@ def fillers(tokenizer) -> list[GenerationRequest]:
             for i in range(16)]
 
 
-def engine(loaded, dtype: str, prefix_caching: bool = False, kv_bytes: int = KV_BYTES) -> LLMEngine:
-    return LLMEngine(loaded, EngineConfig(dtype=dtype, enable_prefix_caching=prefix_caching, kv_cache_bytes=kv_bytes))
+def engine(loaded, dtype: str, prefix_caching: bool = False, kv_bytes: int = KV_BYTES, block_size: int = 16) -> LLMEngine:
+    return LLMEngine(loaded, EngineConfig(dtype=dtype, enable_prefix_caching=prefix_caching, kv_cache_bytes=kv_bytes,
+                                          block_size=block_size))
 
 
 def outputs(results) -> dict[str, tuple[list[int], list[str]]]:
@@ -88,15 +89,17 @@ def arrangements(loaded, dtype: str) -> dict[str, dict]:
     warm = engine(loaded, dtype, prefix_caching=True)
     found["prefix cache cold"] = mixed_batch(warm, reqs, extra)
     found["prefix cache warm"] = mixed_batch(warm, reqs[::-1], extra)
-    small = engine(loaded, dtype, prefix_caching=True, kv_bytes=_kv_bytes_for_blocks(loaded, dtype, 24))
+    # Blocks of 4 tokens, so decodes keep needing new ones (with 16 and 3 tokens out none of these prompts
+    # crosses a block), and 24 of them: about one long prompt's worth.
+    small = engine(loaded, dtype, prefix_caching=True, kv_bytes=_kv_bytes_for_blocks(loaded, dtype, 24, 4), block_size=4)
     found["preempted (small KV budget)"] = mixed_batch(small, reqs, extra)
     found["preemptions"] = {"count": small.num_preemptions}
     return found
 
 
-def _kv_bytes_for_blocks(loaded, dtype: str, blocks: int) -> int:
+def _kv_bytes_for_blocks(loaded, dtype: str, blocks: int, block_size: int) -> int:
     from batchinfer.engine.model_runner import kv_bytes_per_block
-    return blocks * kv_bytes_per_block(loaded.hf_model.config, EngineConfig(dtype=dtype))
+    return blocks * kv_bytes_per_block(loaded.hf_model.config, EngineConfig(dtype=dtype, block_size=block_size))
 
 
 def report(found: dict[str, dict]) -> dict[str, str]:
