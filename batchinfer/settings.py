@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     models: dict[str, str] = Field(default_factory=dict)
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
-    dtype: str = "auto"  # engine weights and KV cache: auto (bf16 where native, else fp32), float32, bfloat16
+    dtype: str = "auto"  # engine weights and KV cache: auto (engine/dtype.py), float32, bfloat16
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     embedding_pooling: str = "auto"  # /v1/embeddings: "last" token, "mean" of the prompt, or "auto": the model's own

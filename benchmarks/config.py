@@ -35,7 +35,7 @@ class BenchOptions:
         if self.dtype == "auto":  # resolved once, so every system and the report see the same dtype
             from batchinfer.engine.dtype import auto_dtype
 
-            self.dtype = auto_dtype(self.device)
+            self.dtype = auto_dtype(self.device)[0]
         _check(self.workloads and set(self.workloads) <= set(WORKLOADS), "workloads", self.workloads,
                f"must be among {WORKLOADS}")
         _check(self.systems and set(self.systems) <= set(SYSTEMS), "systems", self.systems, f"must be among {SYSTEMS}")

@@ -87,7 +87,7 @@ def _context(embedded: bool = False):
     return ctx
 
 
-DTYPE_HELP = "engine dtype: auto (bf16 where the hardware runs it natively), float32 or bfloat16"
+DTYPE_HELP = "engine dtype: auto (float32 unless another is invariant, faithful and faster here), float32 or bfloat16"
 
 
 def _force_dtype(dtype: str | None) -> None:

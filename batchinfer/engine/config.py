@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from .dtype import auto_dtype
-from .int8 import DEFAULT_AFTER_STEPS, auto_max_rows
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,10 +29,9 @@ class EngineConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # None: the model's context length
     starvation_steps: int = 32  # a waiting request skipped this many steps jumps the prefix-reuse order
-    int8_max_rows: int | None = None  # steps of at most this many tokens use int8 weights; None: auto, 0: off
-    int8_after_steps: int = DEFAULT_AFTER_STEPS  # small steps run in bf16 before the int8 copies are made
     pooling: str = "auto"  # an embed request's pooling: "last" token (decoder embedders), "mean" of the prompt, or
     # "auto": what the model's files say (pooling_config.py), else last
+    dtype_reason: str = "asked"  # why this dtype: "asked", or auto's reason (dtype.py)
 
     def __post_init__(self):
         try:
@@ -49,19 +47,20 @@ class EngineConfig:
                f"must be one of {ATTENTION_BACKENDS}")
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.dtype == "auto":
-            self.dtype = auto_dtype(self.device)
+            self.dtype, self.dtype_reason = auto_dtype(self.device)
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {tuple(DTYPES)}")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
         _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
-        if self.int8_max_rows is None:
-            self.int8_max_rows = auto_max_rows(self.device, self.torch_dtype)
-        _check(self.int8_max_rows >= 0, "int8_max_rows", self.int8_max_rows, "must be >= 0")
-        _check(self.int8_after_steps >= 0, "int8_after_steps", self.int8_after_steps, "must be >= 0")
         _check(self.pooling in POOLINGS, "pooling", self.pooling, f"must be one of {POOLINGS}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def dtype_note(self) -> str:
+        """What start-up prints and each job records: `float32 (auto: no avx512_bf16 or amx_bf16)`."""
+        return f"{self.dtype} ({self.dtype_reason})"
 
     def kv_budget_bytes(self) -> int:
         if self.kv_cache_bytes is not None:

@@ -43,6 +43,10 @@ class LLMEngine:
         self.parent_of: dict[str, str] = {}  # sample sequence id -> its request's id
         self.step_stats = StepStats()
 
+    @property
+    def dtype_note(self) -> str:
+        return self.config.dtype_note
+
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
                         config: EngineConfig | None = None) -> LLMEngine:

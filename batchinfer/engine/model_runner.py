@@ -17,7 +17,7 @@ import torch
 from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
 from .grammar import GrammarRunner
-from .int8 import Int8Policy
+from .invariance import probe_row_pad
 from .loader import CausalLM
 from .logits_processors import apply_logits_processors
 from .logprobs import sampled_logprobs
@@ -57,9 +57,8 @@ class ModelRunner:
         self.grammar = grammar  # constrained decoding, for the requests that ask
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
-        int8 = Int8Policy(config.int8_max_rows, config.int8_after_steps)
-        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
+        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
+        self._set_row_pad(attention)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "
@@ -67,6 +66,19 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler()
         self.pooler = Pooler(config.pooling)
+
+    def _set_row_pad(self, attention: AttentionBackend) -> None:
+        """Batch invariance: the matmul row pad this machine needs, probed on the model's own shapes (CPU only:
+        the Triton kernels on a GPU keep one order per row by construction)."""
+        if self.device.type != "cpu":
+            return
+        m = self.model
+        weights = [m.lm_head] + [w for layer in m.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                                      layer.down_proj, layer.router) if w is not None]
+        weights += [w[0] for layer in m.layers[:1] for w in (layer.experts_gate_up, layer.experts_down) if w is not None]
+        m.row_pad = probe_row_pad(weights, m.head_dim, m.num_q_heads // m.num_kv_heads)
+        if hasattr(attention, "row_pad"):
+            attention.row_pad = m.row_pad
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         m = self.model

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from batchinfer.jobs.input.tokenizer import remember_tokenizer
@@ -34,6 +35,7 @@ def get_generator(settings: Settings):
         _generators[key] = generator = _load(settings)
         remember_tokenizer(settings, generator.tokenizer, generator.max_model_len)
         log.info("model loaded in %.1f s", time.time() - started)
+        print(f"dtype {generator.dtype_note}", file=sys.stderr)  # once per process: the model is loaded once
     return _generators[key]
 
 
@@ -51,4 +53,4 @@ def _load(settings: Settings):
     from batchinfer.runtime.hf_generate import HFGenerator
 
     hf_logging.disable_progress_bar()  # our own progress bar tells the story
-    return HFGenerator.from_pretrained(settings.model, str(settings.model_cache))
+    return HFGenerator.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))

@@ -8,6 +8,8 @@ from batchinfer.engine.types import GenerationRequest, GenerationResult
 
 
 class Generator(Protocol):
+    dtype_note: str  # the dtype and why (`float32 (auto: no avx512_bf16 or amx_bf16)`), recorded with each output
+
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None,
                  aborts: Callable[[], Collection[str]] | None = None) -> list[GenerationResult]:

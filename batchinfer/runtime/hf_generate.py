@@ -11,6 +11,7 @@ from typing import Any, Callable, Collection, Iterable
 
 import torch
 
+from batchinfer.engine.config import EngineConfig
 from batchinfer.engine.llm_engine import aborted_result, eos_token_ids, sequence_result
 from batchinfer.engine.loader import LoadedModel, load_model
 from batchinfer.engine.logits_processors import apply_logits_processors
@@ -23,7 +24,7 @@ from batchinfer.engine.types import GenerationRequest, GenerationResult, context
 
 
 class HFGenerator:
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, dtype_note: str = "float32 (asked)"):
         # load_model's transformers model, called as a function (which the CausalLM protocol does not promise).
         self.model: Any = loaded.hf_model
         self.tokenizer = loaded.tokenizer
@@ -31,10 +32,13 @@ class HFGenerator:
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(eos_token_ids(loaded))
         self.stop_checker = StopChecker(loaded.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.dtype_note = dtype_note
 
     @classmethod
-    def from_pretrained(cls, model_path: str | None, cache_dir: str) -> "HFGenerator":
-        return cls(load_model(model_path, cache_dir))
+    def from_pretrained(cls, model_path: str | None, cache_dir: str, config: EngineConfig | None = None) -> "HFGenerator":
+        """In the engine config's dtype (float32 without one), as the engine would run."""
+        config = config or EngineConfig(dtype="float32")
+        return cls(load_model(model_path, cache_dir, config.torch_dtype), config.dtype_note)
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None,

@@ -12,8 +12,7 @@ SEED = 1234
 
 @pytest.fixture(scope="module")
 def engine(loaded_model) -> LLMEngine:
-    # int8_max_rows=0: float32 throughout, so a sample and the lone request it matches share their numerics
-    return LLMEngine(loaded_model, EngineConfig(max_num_seqs=16, int8_max_rows=0, kv_cache_bytes=64 << 20))
+    return LLMEngine(loaded_model, EngineConfig(max_num_seqs=16, kv_cache_bytes=64 << 20))
 
 
 def prompt(engine: LLMEngine, text: str) -> list[int]:

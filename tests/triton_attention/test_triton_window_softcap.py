@@ -30,14 +30,14 @@ def test_triton_extend_honours_window_and_softcap(paged_batch, tolerance, window
     torch.testing.assert_close(out, expected, **tolerance(dtype))
 
 
-@pytest.mark.parametrize("window,softcap,num_splits", [(7, None, 1), (16, 5.0, 4), (40, None, 3), (None, 2.0, 2)])
-def test_triton_decode_honours_window_and_softcap(paged_batch, tolerance, window, softcap, num_splits):
+@pytest.mark.parametrize("window,softcap,split_len", [(7, None, 256), (16, 5.0, 16), (40, None, 32), (None, 2.0, 48)])
+def test_triton_decode_honours_window_and_softcap(paged_batch, tolerance, window, softcap, split_len):
     batch = paged_batch([0, 14, 15, 16, 90], [1] * 5, 16, kv_heads=2, group=2, head_dim=32, dtype=torch.float32,
                         seed=5)
     k_cache, v_cache = batch.stored_caches()
     m = batch.meta
     out = decode_attention(batch.q, k_cache, v_cache, m.seq_lens, m.block_tables, m.max_seq_len, batch.scale,
-                           num_splits=num_splits, block_n=16, window=window, softcap=softcap)
+                           split_len=split_len, block_n=16, window=window, softcap=softcap)
     expected = decode_attention_ref(batch.q, k_cache, v_cache, m.seq_lens, m.block_tables, batch.scale, window,
                                     softcap)
     assert not out.isnan().any()

@@ -1,6 +1,9 @@
 """Decode attention kernel (flash decoding): one new token per sequence over its paged KV. Stage 1
 splits each sequence along its length and lets every program attend, for one KV head, with all the
 query heads that share it (any GQA ratio); stage 2 merges the splits by their log-sum-exp.
+Batch-invariant: splits are a fixed SPLIT_LEN positions each (split s holds [s * SPLIT_LEN, (s+1) * SPLIT_LEN),
+whatever the batch), and stage 2 adds them in split order, so a longer neighbour only adds empty splits,
+which add exact zeros.
 A sliding window skips keys at or before seq_len - 1 - window; a soft-cap maps each score s to
 softcap * tanh(s / softcap).
 Its torch reference, which the tests compare against: benchmarks/support/kernel_reference.py:decode_attention_ref."""
@@ -77,36 +80,34 @@ def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, o_ptr, num_splits,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
 ):
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + offs_h
-    offs_s = tl.arange(0, BLOCK_S)
+    mask_h = offs_h < GROUP
     offs_d = tl.arange(0, BLOCK_D)
-    mask_hs = (offs_h < GROUP)[:, None] & (offs_s < num_splits)[None, :]
-    lse = tl.load(part_lse_ptr + seq.to(tl.int64) * stride_lb + heads[:, None] * stride_lh + offs_s[None, :],
-                  mask=mask_hs, other=float("-inf"))
-    weight = tl.math.exp2(lse - tl.maximum(tl.max(lse, 1), -1e30)[:, None])  # [H, S]; 0 for empty splits
-    part = part_out_ptr + seq.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + offs_s[None, :] * stride_ps
     mask_d = offs_d < HEAD_DIM
-    outs = tl.load(part[:, :, None] + offs_d[None, None, :], mask=mask_hs[:, :, None] & mask_d[None, None, :],
-                   other=0.0)
-    total = tl.sum(weight, 1)
-    out = tl.sum(weight[:, :, None] * outs, 1) / tl.where(total == 0.0, 1.0, total)[:, None]
+    lse_row = part_lse_ptr + seq.to(tl.int64) * stride_lb + heads * stride_lh
+    top = tl.full([BLOCK_H], -1e30, tl.float32)  # a max is exact in any order
+    for s in range(0, num_splits):
+        top = tl.maximum(top, tl.load(lse_row + s, mask=mask_h, other=float("-inf")))
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    part = part_out_ptr + seq.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]
+    for s in range(0, num_splits):  # in split order: the same sum whatever num_splits the batch needed
+        weight = tl.math.exp2(tl.load(lse_row + s, mask=mask_h, other=float("-inf")) - top)  # 0 for empty splits
+        total += weight
+        acc += weight[:, None] * tl.load(part + s * stride_ps, mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tl.store(o_ptr + seq.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(offs_h < GROUP)[:, None] & mask_d[None, :])
 
 
-def default_num_splits(batch: int, kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """Enough splits to fill the GPU's SMs about twice, none shorter than 256 tokens, at most 32."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    wanted = triton.cdiv(2 * sms, batch * kv_heads)
-    return max(1, min(wanted, triton.cdiv(max_seq_len, 256), 32))
+SPLIT_LEN = 256  # positions per split: fixed, so a sequence's splits do not depend on its neighbours
 
 
 def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: int, scale: float,
-                     num_splits: int | None = None, block_n: int = 32, window: int | None = None,
+                     split_len: int = SPLIT_LEN, block_n: int = 32, window: int | None = None,
                      softcap: float | None = None) -> torch.Tensor:
     """q: [batch, q_heads, dim], one new token per sequence whose K/V are already in the cache;
     seq_lens[b] tokens of sequence b are read through block_tables[b]. Returns like q. block_n = 32 keeps
@@ -118,8 +119,8 @@ def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: i
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1
     kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
-    num_splits = num_splits or default_num_splits(batch, kv_heads, max_seq_len, q.device)
-    split_len = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
+    assert split_len % block_n == 0, "a split is whole tiles"
+    num_splits = triton.cdiv(max(max_seq_len, 1), split_len)
     part_out = torch.empty(batch, q_heads, num_splits, dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, q_heads, num_splits, dtype=torch.float32, device=q.device)
     block_d = triton.next_power_of_2(dim)
@@ -137,6 +138,5 @@ def decode_attention(q, k_cache, v_cache, seq_lens, block_tables, max_seq_len: i
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_H=max(2, triton.next_power_of_2(group)), HEAD_DIM=dim, BLOCK_D=block_d,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
     )
     return out

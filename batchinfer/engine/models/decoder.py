@@ -12,14 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
-from ..int8 import Int8Policy, Int8Weight
 from ..layers.activation import gated
+from ..layers.linear import linear
 from ..layers.moe import moe_mlp
 from ..layers.rope import RopeTable, apply_rope
 from .spec import ModelSpec
-
-PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-
 
 @dataclass
 class DecoderLayer:
@@ -41,12 +38,12 @@ class DecoderLayer:
 
 class DecoderForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], attention: AttentionBackend,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg, int8: Int8Policy | None = None):
+                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg):
         self.spec = spec
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
         self.attention = attention
-        self.int8 = int8 or Int8Policy(max_rows=0, after_steps=0)
+        self.row_pad = 4  # matmul rows padded to a multiple of this; invariance.probe_row_pad sets it
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
                       for key, params in spec.ropes.items()}
@@ -74,41 +71,30 @@ class DecoderForCausalLM:
     def forward_with_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor,
                             hidden_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests).
-        A step with such rows runs without int8 weights: an embedding must match the model's own."""
+        """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests)."""
         spec = self.spec
         hidden = F.embedding(input_ids, self.embed)
         if spec.embed_scale is not None:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
-        packs = None if hidden_indices.numel() else self.int8.for_step(input_ids.shape[0], self.projection_weights)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            linear = _Linear(packs, f"layers.{i}.")
             cos, sin = rope[spec.layer_rope[i]]
-            out = self._attention(layer, linear, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
+            out = self._attention(layer, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
             hidden = hidden + self._norm(out, layer.attn_out_norm)
-            hidden = hidden + self._norm(self._mlp(layer, linear, hidden), layer.mlp_out_norm)
+            hidden = hidden + self._norm(self._mlp(layer, hidden), layer.mlp_out_norm)
         rows = torch.cat([sample_indices, hidden_indices])
         normed = F.rms_norm(hidden[rows], (self.hidden_size,), self.final_norm, self.eps)
         n = sample_indices.numel()
-        logits = _Linear(packs, "")(normed[:n], self.lm_head, "lm_head").float()
+        logits = linear(normed[:n], self.lm_head, self.row_pad).float()
         if spec.final_softcap is not None:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits, normed[n:].float()
 
-    def projection_weights(self) -> dict[str, torch.Tensor]:
-        """The [out, in] matrices int8 may replace: every layer's projections and the LM head."""
-        weights = {"lm_head": self.lm_head}
-        for i, layer in enumerate(self.layers):
-            weights |= {f"layers.{i}.{name}": getattr(layer, name) for name in PROJECTIONS
-                        if getattr(layer, name) is not None}
-        return weights
-
-    def _attention(self, layer: DecoderLayer, linear, hidden, cos, sin, k_cache, v_cache, meta,
+    def _attention(self, layer: DecoderLayer, hidden, cos, sin, k_cache, v_cache, meta,
                    window: int | None) -> torch.Tensor:
         n, d, hq, hkv = hidden.shape[0], self.head_dim, self.num_q_heads, self.num_kv_heads
         x = F.rms_norm(hidden, (self.hidden_size,), layer.input_norm, self.eps)
-        qkv = linear(x, layer.qkv_proj, "qkv_proj")
+        qkv = linear(x, layer.qkv_proj, self.row_pad)
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         qkv = qkv.view(n, hq + 2 * hkv, d)
@@ -123,32 +109,19 @@ class DecoderForCausalLM:
         else:
             out = self.attention.forward(q, k, v, k_cache, v_cache, meta, self.scale, window=window,
                                          softcap=self.spec.attn_softcap)
-        return linear(out.reshape(n, hq * d), layer.o_proj, "o_proj")
+        return linear(out.reshape(n, hq * d), layer.o_proj, self.row_pad)
 
-    def _mlp(self, layer: DecoderLayer, linear, hidden) -> torch.Tensor:
+    def _mlp(self, layer: DecoderLayer, hidden) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
         if layer.router is not None:
             moe = self.spec.moe
             assert moe is not None and layer.experts_gate_up is not None and layer.experts_down is not None
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
-                           self.spec.activation)
+                           self.spec.activation, self.row_pad)
         assert layer.gate_up_proj is not None and layer.down_proj is not None
-        return linear(gated(linear(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj,
-                      "down_proj")
+        return linear(gated(linear(x, layer.gate_up_proj, self.row_pad), self.spec.activation), layer.down_proj,
+                      self.row_pad)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return x if weight is None else F.rms_norm(x, (self.hidden_size,), weight, self.eps)
 
-
-class _Linear:
-    """F.linear with the dense weight, or its int8 copy when this step uses int8 (packs is not None)."""
-
-    __slots__ = ("packs", "prefix")
-
-    def __init__(self, packs: dict[str, Int8Weight] | None, prefix: str):
-        self.packs, self.prefix = packs, prefix
-
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
-        if self.packs is None:
-            return F.linear(x, weight)
-        return self.packs[self.prefix + name](x)

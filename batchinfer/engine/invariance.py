@@ -1,0 +1,84 @@
+"""Start-up probe for batch invariance: the row pad that makes every matmul row independent of its batch.
+
+GEMM libraries choose kernels by the shape they are given, and the choice is the machine's (CPU flags,
+library version, thread count), so the pad is measured here, on the model's own weight shapes and dtype,
+rather than assumed: the smallest candidate under which every probed row count gives each row bitwise the
+result it has in a larger call, and under which the chunked attention gives a query the same output
+whatever else shares its batch.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .attention.chunked import CHUNK, attend_chunks
+from .layers.linear import linear, pad_rows
+
+log = logging.getLogger(__name__)
+
+ROW_PAD_CANDIDATES = (1, 4, 8, 16, 32)
+PROBE_ROWS = (1, 2, 3, 5, 6, 7, 9, 13, 17)  # row counts around the multiples of 4 and 8
+REFERENCE_ROWS = 20
+_probed: dict[tuple, int] = {}  # one probe per process for each set of shapes
+
+
+def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int) -> int:
+    """The smallest row pad under which every weight shape (one of each) and the attention are invariant."""
+    shapes: dict[tuple, torch.Tensor] = {}
+    for w in weights:
+        shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
+    key = (tuple(shapes), head_dim, group, torch.get_num_threads())
+    if key not in _probed:
+        _probed[key] = _probe(list(shapes.values()), head_dim, group)
+    return _probed[key]
+
+
+def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> int:
+    for pad in ROW_PAD_CANDIDATES:
+        if all(_linear_invariant(w, pad) for w in weights) and _attention_invariant(head_dim, group, pad):
+            return pad
+    log.warning("no row pad in %s made the matmuls batch-invariant on this machine; outputs may depend on the batch",
+                ROW_PAD_CANDIDATES)
+    return ROW_PAD_CANDIDATES[-1]
+
+
+def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _linear_invariant(weight: torch.Tensor, pad: int) -> bool:
+    x = _randn(REFERENCE_ROWS + 3, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    want = linear(x, weight, pad)
+    for rows in PROBE_ROWS:
+        offset = rows % 4  # a row's place in the call must not matter either
+        if not torch.equal(linear(x[offset:offset + rows], weight, pad), want[offset:offset + rows]):
+            return False
+    return True
+
+
+def _attention_invariant(head_dim: int, group: int, pad: int) -> bool:
+    """Three sequences' queries in one padded batch against each alone, with its own (shorter) chunk count."""
+    batch, kv_heads, chunks = 3, 2, 3
+    lens = (CHUNK * chunks, CHUNK + 5, 7)  # keys each sequence sees
+    rows = (5 * group, 2 * group, group)  # each one's real query rows
+    q = _randn(batch, kv_heads, max(rows), head_dim, dtype=torch.float32, device="cpu", seed=1)
+    k = _randn(batch, kv_heads, chunks, CHUNK, head_dim, dtype=torch.float32, device="cpu", seed=2)
+    v = _randn(batch, kv_heads, chunks, CHUNK, head_dim, dtype=torch.float32, device="cpu", seed=3)
+    together = attend_chunks(q, k, v, _bias(lens, max(rows), chunks, pad), 0.125, None)
+    for i, (n, r) in enumerate(zip(lens, rows)):
+        own = -(-n // CHUNK)
+        alone = attend_chunks(q[i:i + 1, :, :r], k[i:i + 1, :, :own], v[i:i + 1, :, :own],
+                              _bias(lens[i:i + 1], r, own, pad), 0.125, None)
+        if not torch.equal(alone[0, :, :r], together[i, :, :r]):
+            return False
+    return True
+
+
+def _bias(lens: tuple[int, ...], rows: int, chunks: int, pad: int) -> torch.Tensor:
+    keys = torch.arange(chunks * CHUNK)
+    allowed = (keys[None, :] < torch.tensor(lens)[:, None])[:, None, :].expand(-1, rows, -1)
+    bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+    bias = torch.stack([pad_rows(b, pad) for b in bias])
+    return bias.view(len(lens), -1, chunks, CHUNK).transpose(1, 2).contiguous()[:, None]
