@@ -15,6 +15,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 POOLINGS = ("last", "mean")
+WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/quant_weights.py
 
 
 @dataclass
@@ -33,6 +34,9 @@ class EngineConfig:
     int8_max_rows: int | None = None  # steps of at most this many tokens use int8 weights; None: auto, 0: off
     int8_after_steps: int = DEFAULT_AFTER_STEPS  # small steps run in bf16 before the int8 copies are made
     pooling: str = "last"  # an embed request's pooling: "last" token (decoder embedders) or "mean" of the prompt
+    # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own Q4_1/Q8_0 blocks; "q8_0": quantized at
+    # load; "auto": "gguf" on CPU where the checkpoint and CPU allow, else dense (quant_weights.load_quant)
+    weight_format: str = "dense"
 
     def __post_init__(self):
         try:
@@ -57,6 +61,13 @@ class EngineConfig:
         _check(self.int8_max_rows >= 0, "int8_max_rows", self.int8_max_rows, "must be >= 0")
         _check(self.int8_after_steps >= 0, "int8_after_steps", self.int8_after_steps, "must be >= 0")
         _check(self.pooling in POOLINGS, "pooling", self.pooling, f"must be one of {POOLINGS}")
+        _check(self.weight_format in WEIGHT_FORMATS, "weight_format", self.weight_format,
+               f"must be one of {WEIGHT_FORMATS}")
+        on_cpu = torch.device(self.device).type == "cpu"
+        _check(self.weight_format in ("auto", "dense") or on_cpu, "weight_format", self.weight_format,
+               "runs on CPU only")
+        if self.weight_format == "auto" and not on_cpu:
+            self.weight_format = "dense"
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -18,6 +18,7 @@ from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
 from .grammar import GrammarRunner
 from .int8 import Int8Policy
+from .layers.quant_linear import QuantWeight
 from .loader import CausalLM
 from .logits_processors import apply_logits_processors
 from .logprobs import sampled_logprobs
@@ -51,7 +52,8 @@ def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
 class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
                  max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
-                 eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None):
+                 eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None,
+                 quant: dict[str, QuantWeight] | None = None):
         self.config = config
         self.eos_token_ids = eos_token_ids  # masked for a row under its min_tokens
         self.grammar = grammar  # constrained decoding, for the requests that ask
@@ -59,7 +61,8 @@ class ModelRunner:
         self.block_size = config.block_size
         assert config.int8_max_rows is not None, "EngineConfig resolves None (auto) when it is created"
         int8 = Int8Policy(config.int8_max_rows, config.int8_after_steps)
-        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8)
+        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, int8,
+                                 quant)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

@@ -37,6 +37,7 @@ class QuantWeight:
         if self.lib is None:
             return reference(x, self)
         n, k = self.shape
+        dtype = x.dtype
         x = x.to(torch.float32).contiguous()
         lead = x.shape[:-1]
         x = x.reshape(-1, k)
@@ -50,7 +51,7 @@ class QuantWeight:
         else:
             self.lib.q8_0_linear(x.data_ptr(), x.shape[0], k, self.qs.data_ptr(), self.d.data_ptr(),  # type: ignore[attr-defined]
                                  n, out.data_ptr(), scratch.data_ptr(), threads)
-        return out.view(*lead, n)
+        return out.view(*lead, n).to(dtype)  # fp32 inside; a bf16 engine gets bf16 back
 
     def tensors(self, name: str) -> dict[str, torch.Tensor]:
         """For a safetensors file: `name.q4_1.qs`, `name.q4_1.d`, ... (from_tensors reads them back)."""

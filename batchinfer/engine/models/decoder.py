@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..int8 import Int8Policy, Int8Weight
 from ..layers.activation import gated
+from ..layers.quant_linear import QuantWeight
 from ..layers.moe import moe_mlp
 from ..layers.rope import RopeTable, apply_rope
 from .spec import ModelSpec
@@ -41,12 +42,14 @@ class DecoderLayer:
 
 class DecoderForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], attention: AttentionBackend,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg, int8: Int8Policy | None = None):
+                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg, int8: Int8Policy | None = None,
+                 quant: dict[str, QuantWeight] | None = None):
         self.spec = spec
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
         self.attention = attention
         self.int8 = int8 or Int8Policy(max_rows=0, after_steps=0)
+        self.quant = quant  # quantized projections for every step (layers/quant_linear.py), or None
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
                       for key, params in spec.ropes.items()}
@@ -75,13 +78,14 @@ class DecoderForCausalLM:
                             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor,
                             hidden_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests).
-        A step with such rows runs without int8 weights: an embedding must match the model's own."""
+        A step with such rows runs on the dense weights: an embedding must match the model's own."""
         spec = self.spec
         hidden = F.embedding(input_ids, self.embed)
         if spec.embed_scale is not None:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
-        packs = None if hidden_indices.numel() else self.int8.for_step(input_ids.shape[0], self.projection_weights)
+        packs = None if hidden_indices.numel() else (
+            self.quant or self.int8.for_step(input_ids.shape[0], self.projection_weights))
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             linear = _Linear(packs, f"layers.{i}.")
             cos, sin = rope[spec.layer_rope[i]]
@@ -141,11 +145,11 @@ class DecoderForCausalLM:
 
 
 class _Linear:
-    """F.linear with the dense weight, or its int8 copy when this step uses int8 (packs is not None)."""
+    """F.linear with the dense weight, or its int8 or quantized copy when this step uses one (packs is not None)."""
 
     __slots__ = ("packs", "prefix")
 
-    def __init__(self, packs: dict[str, Int8Weight] | None, prefix: str):
+    def __init__(self, packs: dict[str, Int8Weight] | dict[str, QuantWeight] | None, prefix: str):
         self.packs, self.prefix = packs, prefix
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
