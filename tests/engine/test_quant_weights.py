@@ -53,8 +53,8 @@ def test_gguf_weights_greedy_is_close_to_transformers_fp32(gguf_engine, loaded_m
     assert not problems, problems
 
 
-def test_gguf_format_on_a_safetensors_checkpoint_is_refused_in_one_line(tmp_path):
-    folder = load_model_light(None, model_cache_dir()).path
+def test_gguf_format_on_a_safetensors_checkpoint_is_refused_in_one_line():
+    folder = load_model_light(None, model_cache_dir()).path  # the converted folder: safetensors, no GGUF
     with pytest.raises(UnsupportedWeightFormat, match="needs a .gguf checkpoint"):
-        load_model_light(folder, tmp_path, torch.float32, "gguf")
+        load_model_light(folder, model_cache_dir(), torch.float32, "gguf")
     assert load_model_light(folder, model_cache_dir(), torch.float32, "auto").quant is None  # auto: dense
