@@ -36,10 +36,10 @@ def main() -> None:
     dense = {name: loaded.weights.get(name, loaded.weights["embed"]) if name == "lm_head" else loaded.weights[name]
              for name in loaded.quant}
     formats = {"dense fp32": lambda name, x: F.linear(x, dense[name]), "gguf": lambda name, x: loaded.quant[name](x)}
-    report = {"threads": torch.get_num_threads(), "rows": {}}
+    by_rows: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in map(int, args.rows.split(",")):
-            xs = {k: torch.randn(rows, dense[name].shape[1]) for name in dense for k in [dense[name].shape[1]]}
+            xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in dense.values()}
             wall: dict[str, list[float]] = {f: [] for f in formats}
             cpu: dict[str, list[float]] = {f: [] for f in formats}
             for _ in range(args.repeats):
@@ -50,10 +50,10 @@ def main() -> None:
                     wall[fmt].append(time.perf_counter() - started)
                     cpu[fmt].append(time.process_time() - cpu_started)
             # CPU time moves less than wall time on a shared machine; both are p50 in ms
-            report["rows"][rows] = {f"{fmt} {kind}": round(statistics.median(t[fmt]) * 1e3, 1)
+            by_rows[rows] = {f"{fmt} {kind}": round(statistics.median(t[fmt]) * 1e3, 1)
                                     for fmt in formats for kind, t in (("wall", wall), ("cpu", cpu))}
-            print(rows, report["rows"][rows], flush=True)
-    print(json.dumps(report))
+            print(rows, by_rows[rows], flush=True)
+    print(json.dumps({"threads": torch.get_num_threads(), "rows": by_rows}))
 
 
 if __name__ == "__main__":
