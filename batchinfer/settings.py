@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (engine/dtype.py), float32, bfloat16
+    # engine weights: dense (de-quantized, in dtype), gguf (the GGUF's own Q4_1/Q8_0 blocks, CPU), q8_0 (quantized
+    # at load, CPU), auto (gguf where the checkpoint and CPU allow it, else dense); engine/quant_weights.py
+    weight_format: str = "dense"
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     embedding_pooling: str = "auto"  # /v1/embeddings: "last" token, "mean" of the prompt, or "auto": the model's own
@@ -152,6 +155,13 @@ class Settings(BaseSettings):
             check_model_id(model_id, "BATCHINFER_MODELS")
             if not path:
                 raise ValueError(f"BATCHINFER_MODELS: model {model_id!r} has no checkpoint path")
+        return value
+
+    @field_validator("weight_format")
+    @classmethod
+    def _weight_format(cls, value: str) -> str:
+        if value not in ("auto", "dense", "gguf", "q8_0"):
+            raise ValueError(f"BATCHINFER_WEIGHT_FORMAT must be 'auto', 'dense', 'gguf' or 'q8_0', got {value!r}")
         return value
 
     @field_validator("embedding_pooling")

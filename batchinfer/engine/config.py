@@ -14,6 +14,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 POOLINGS = ("auto", "last", "mean")
+WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/quant_weights.py
 
 
 @dataclass
@@ -32,6 +33,9 @@ class EngineConfig:
     pooling: str = "auto"  # an embed request's pooling: "last" token (decoder embedders), "mean" of the prompt, or
     # "auto": what the model's files say (pooling_config.py), else last
     dtype_reason: str = "asked"  # why this dtype: "asked", or auto's reason (dtype.py)
+    # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own Q4_1/Q8_0 blocks; "q8_0": quantized at
+    # load; "auto": "gguf" on CPU where the checkpoint and CPU allow, else dense (quant_weights.load_quant)
+    weight_format: str = "dense"
 
     def __post_init__(self):
         try:
@@ -52,6 +56,13 @@ class EngineConfig:
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
         _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
         _check(self.pooling in POOLINGS, "pooling", self.pooling, f"must be one of {POOLINGS}")
+        _check(self.weight_format in WEIGHT_FORMATS, "weight_format", self.weight_format,
+               f"must be one of {WEIGHT_FORMATS}")
+        on_cpu = torch.device(self.device).type == "cpu"
+        _check(self.weight_format in ("auto", "dense") or on_cpu, "weight_format", self.weight_format,
+               "runs on CPU only")
+        if self.weight_format == "auto" and not on_cpu:
+            self.weight_format = "dense"
 
     @property
     def torch_dtype(self) -> torch.dtype:

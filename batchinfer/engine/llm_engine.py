@@ -34,7 +34,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
         self.grammar = GrammarRunner(self.tokenizer, hf_config.vocab_size, frozenset(eos), self.stop_checker.token_bytes)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights,
-                                  frozenset(eos), self.grammar)
+                                  frozenset(eos), self.grammar, loaded.quant)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching, self.config.pooling == "last")
         self.scheduler = Scheduler(self.config, self.block_manager)
@@ -51,7 +51,7 @@ class LLMEngine:
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
                         config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
-        return cls(load_model_light(model_path, cache_dir, config.torch_dtype), config)
+        return cls(load_model_light(model_path, cache_dir, config.torch_dtype, config.weight_format), config)
 
     # the request API -------------------------------------------------------------------------------
 

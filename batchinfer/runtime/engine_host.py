@@ -22,14 +22,15 @@ def engine_config(settings: Settings):
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
-                        block_size=settings.kv_block_size, pooling=settings.embedding_pooling)
+                        block_size=settings.kv_block_size, pooling=settings.embedding_pooling,
+                        weight_format=settings.weight_format)
 
 
 def get_generator(settings: Settings):
     """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf, or the null engine when =null),
     loaded once per process."""
     key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
-           settings.kv_block_size, settings.embedding_pooling)
+           settings.kv_block_size, settings.embedding_pooling, settings.weight_format)
     if key not in _generators:
         started = time.time()
         _generators[key] = generator = _load(settings)

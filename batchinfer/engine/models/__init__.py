@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..attention.base import AttentionBackend
+from ..layers.quant_linear import QuantWeight
 
 from ..unsupported import UnsupportedModelError
 from . import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3_moe
@@ -57,14 +58,15 @@ def norm_offset(cfg) -> float:
 
 
 def build_model(hf_model: CausalLM, attention: AttentionBackend, device: torch.device, dtype: torch.dtype,
-                max_model_len: int, weights: dict[str, torch.Tensor] | None = None) -> DecoderForCausalLM:
+                max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
+                quant: dict[str, QuantWeight] | None = None) -> DecoderForCausalLM:
     """The engine model of a checkpoint: from engine-layout tensors when given, else converted here."""
     from ..weights import engine_weights
 
     spec = model_spec(hf_model.config)
     if weights is None:
         weights = engine_weights(hf_model, dtype)
-    return DecoderForCausalLM(spec, weights, attention, device, dtype, max_model_len, hf_model.config)
+    return DecoderForCausalLM(spec, weights, attention, device, dtype, max_model_len, hf_model.config, quant)
 
 
 __all__ = ["FAMILIES", "DecoderForCausalLM", "ModelSpec", "build_model", "model_spec", "norm_offset"]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..layers.activation import gated
 from ..layers.linear import linear
+from ..layers.quant_linear import QuantWeight
 from ..layers.moe import moe_mlp
 from ..layers.rope import RopeTable, apply_rope
 from .spec import ModelSpec
@@ -38,12 +39,14 @@ class DecoderLayer:
 
 class DecoderForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], attention: AttentionBackend,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg):
+                 device: torch.device, dtype: torch.dtype, max_model_len: int, cfg,
+                 quant: dict[str, QuantWeight] | None = None):
         self.spec = spec
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
         self.attention = attention
         self.row_pad = 4  # matmul rows padded to a multiple of this; invariance.probe_row_pad sets it
+        self.quant = quant  # quantized projections for every step (layers/quant_linear.py), or None
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
                       for key, params in spec.ropes.items()}
@@ -78,23 +81,24 @@ class DecoderForCausalLM:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            lin = _Linear(self.quant, f"layers.{i}.", self.row_pad)
             cos, sin = rope[spec.layer_rope[i]]
-            out = self._attention(layer, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
+            out = self._attention(layer, lin, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
             hidden = hidden + self._norm(out, layer.attn_out_norm)
-            hidden = hidden + self._norm(self._mlp(layer, hidden), layer.mlp_out_norm)
+            hidden = hidden + self._norm(self._mlp(layer, lin, hidden), layer.mlp_out_norm)
         rows = torch.cat([sample_indices, hidden_indices])
         normed = F.rms_norm(hidden[rows], (self.hidden_size,), self.final_norm, self.eps)
         n = sample_indices.numel()
-        logits = linear(normed[:n], self.lm_head, self.row_pad).float()
+        logits = _Linear(self.quant, "", self.row_pad)(normed[:n], self.lm_head, "lm_head").float()
         if spec.final_softcap is not None:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits, normed[n:].float()
 
-    def _attention(self, layer: DecoderLayer, hidden, cos, sin, k_cache, v_cache, meta,
+    def _attention(self, layer: DecoderLayer, lin: _Linear, hidden, cos, sin, k_cache, v_cache, meta,
                    window: int | None) -> torch.Tensor:
         n, d, hq, hkv = hidden.shape[0], self.head_dim, self.num_q_heads, self.num_kv_heads
         x = F.rms_norm(hidden, (self.hidden_size,), layer.input_norm, self.eps)
-        qkv = linear(x, layer.qkv_proj, self.row_pad)
+        qkv = lin(x, layer.qkv_proj, "qkv_proj")
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
         qkv = qkv.view(n, hq + 2 * hkv, d)
@@ -109,9 +113,9 @@ class DecoderForCausalLM:
         else:
             out = self.attention.forward(q, k, v, k_cache, v_cache, meta, self.scale, window=window,
                                          softcap=self.spec.attn_softcap)
-        return linear(out.reshape(n, hq * d), layer.o_proj, self.row_pad)
+        return lin(out.reshape(n, hq * d), layer.o_proj, "o_proj")
 
-    def _mlp(self, layer: DecoderLayer, hidden) -> torch.Tensor:
+    def _mlp(self, layer: DecoderLayer, lin: _Linear, hidden) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
         if layer.router is not None:
             moe = self.spec.moe
@@ -119,9 +123,22 @@ class DecoderForCausalLM:
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
                            self.spec.activation, self.row_pad)
         assert layer.gate_up_proj is not None and layer.down_proj is not None
-        return linear(gated(linear(x, layer.gate_up_proj, self.row_pad), self.spec.activation), layer.down_proj,
-                      self.row_pad)
+        return lin(gated(lin(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj, "down_proj")
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return x if weight is None else F.rms_norm(x, (self.hidden_size,), weight, self.eps)
 
+
+class _Linear:
+    """The batch-invariant dense linear, or the quantized copy of the weight when the model has one (every step
+    uses the same one: a row's result never depends on its neighbours)."""
+
+    __slots__ = ("packs", "prefix", "row_pad")
+
+    def __init__(self, packs: dict[str, QuantWeight] | None, prefix: str, row_pad: int):
+        self.packs, self.prefix, self.row_pad = packs, prefix, row_pad
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
+        if self.packs is None:
+            return linear(x, weight, self.row_pad)
+        return self.packs[self.prefix + name](x)
