@@ -18,6 +18,8 @@ class NullGenerator:
     """The Generator contract (runtime.generator) with no model: the same refusals as the engine, aborts
     honoured, results in input order; every answer is the end-of-sequence token, finish_reason "length"."""
 
+    dtype_note = "none (the null engine runs no model)"
+
     def __init__(self, tokenizer, max_model_len: int):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
