@@ -4,17 +4,21 @@ file, so `status` and `plan` agree. Once requests finish, the batch's own pace i
 (cli.progress.eta_s) and this one steps aside."""
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from batchinfer.context import AppContext
+from batchinfer.errors import one_line
 from batchinfer.db.models import JobStatus
 from batchinfer.jobs import engine_rates, storage_keys
 from batchinfer.jobs.output.records import PreparedRequest
 from batchinfer.db.models import Job
 from batchinfer.jobs.output.batch_view import batch_object
 from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units
+
+log = logging.getLogger(__name__)
 
 _SHAPES: OrderedDict[str, RunShape] = OrderedDict()  # per job: its prepared file is read once per process
 _MAX_SHAPES = 256
@@ -58,11 +62,14 @@ def batch_with_eta(ctx: AppContext, job: Job, config: PlannerConfig, workers: in
     at validation aside). Other batches' units queued ahead of it are not counted."""
     batch = batch_object(job)
     waiting = job.status in (JobStatus.QUEUED, JobStatus.IN_PROGRESS)
-    if not waiting or job.completed or job.failed > (job.invalid or 0):
+    if not waiting or job.completed or job.failed > (job.invalid or 0) or getattr(job, "waiting_for", None):
         return batch
     try:
         shape = _shape(ctx, job.id, config)
     except FileNotFoundError:  # a batch with nothing prepared (nothing to run)
+        return batch
+    except Exception as exc:  # storage down (jobs.outage): the ETA is a nicety, the status must still answer
+        log.info("no ETA for %s: %s", job.id, one_line(exc))
         return batch
     rate = engine_rates.measured(ctx, ctx.settings.model_id)
     started = job.in_progress_at
