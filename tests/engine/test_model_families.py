@@ -116,9 +116,11 @@ def test_family_in_bf16_is_close_to_transformers_bf16(family, tmp_path):
     prompts = family_prompts()[4:8]  # 33 to 70 tokens, one over a shared prefix: bf16 on CPU is slow in transformers
     reference = load_model(str(folder), tmp_path / "cache", torch.bfloat16).hf_model
     reference.config._attn_implementation = "eager"
-    want_tokens, want_top = hf_reference(reference, prompts, top=5)
+    # top 10, not 5: a tiny random checkpoint's next-token distribution is nearly flat (its top 10 within about a
+    # nat), and our attention accumulates in float32 where transformers' eager bf16 does not (issue 20)
+    want_tokens, want_top = hf_reference(reference, prompts, top=10)
     config = EngineConfig(dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=32, kv_cache_bytes=8 << 20)
     engine = LLMEngine.from_pretrained(str(folder), tmp_path / "cache", config)
-    top = record_logprobs(engine, top=5)
+    top = record_logprobs(engine, top=10)
     for i, res in enumerate(run_engine(engine, prompts, "bf16")):
         check_logprobs_close(res.output_token_ids, top[f"bf16-{i}"], want_tokens[i], want_top[i], res.request_id)
