@@ -1,6 +1,6 @@
 """Issue 20: a request's output is bitwise the same whatever shares its steps and whatever the cache holds.
 
-48 requests (24 prompts of mixed lengths, two groups sharing a long prefix, each greedy and seeded) are run
+24 requests (24 prompts of mixed lengths, two groups sharing a long prefix, greedy and seeded in turn) are run
 each alone, in a batch of 64 mixed requests, in reverse order, with the prefix cache cold and warm, with
 preemption forced by a small KV budget, and in a second process: tokens and
 logprobs must be bitwise equal to the run alone. There is one attention path (chunked.py), so cascade and
