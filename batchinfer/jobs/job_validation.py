@@ -8,6 +8,7 @@ its cause, and returns it.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 import time
 
 from batchinfer.context import AppContext
@@ -156,7 +157,10 @@ def _input_key(job: Job) -> str:
 def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl.
     A batch whose model nobody serves fails whole, naming the served models."""
-    served = served_models(ctx)
+    try:
+        served: dict[str, ServedModel] | None = served_models(ctx)
+    except ConnectionError:  # the registry (the broker) is down: enough when this process serves the batch's model
+        served = None
     rows: list[dict] = []
     beat_at = time.monotonic()
 
@@ -171,6 +175,10 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
           ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
         named, source = peek_model(stored, ctx.settings.max_line_bytes)
         model = batch_model(ctx, named, job.model)
+        if served is None:
+            if model not in ctx.settings.configured_models:
+                raise ConnectionError("the worker registry is unreachable: the batch's model may be served by a worker")
+            served = served_models(replace(ctx, live_models=None))
         if model not in served and job.endpoint == MESSAGES_ENDPOINT:
             model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
 

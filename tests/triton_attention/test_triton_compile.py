@@ -31,7 +31,7 @@ CASES = {
                           dict(GROUP=4, BLOCK_H=16, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=32, SOFTCAP=False,
                                UPCAST=False, PRECISION="tf32"), 4),
     "decode reduce d64": ("decode_attention", "_decode_reduce_kernel",
-                          dict(GROUP=3, BLOCK_H=4, HEAD_DIM=64, BLOCK_D=64, BLOCK_S=32), 4),
+                          dict(GROUP=3, BLOCK_H=4, HEAD_DIM=64, BLOCK_D=64), 4),
 }
 
 
