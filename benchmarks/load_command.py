@@ -1,19 +1,15 @@
 """The `batchinfer bench load` command: run the load case, write the raw results as JSON, print a table."""
 from __future__ import annotations
 
-import json
-import os
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from .load import LoadOptions, run_load
-from .process_command import _lscpu_model, _uptime
+from .support.run_report import run_and_report
 
 
 def bench_load_command(
@@ -39,27 +35,7 @@ def bench_load_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     work = work_dir or Path(tempfile.mkdtemp(prefix="bench-load-"))
-    machine = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "flags": _cpu_flags(),
-               "load_before": _uptime(), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    result = run_load(options, work, progress=lambda line: typer.echo(line, err=True))
-    result["machine"] = machine | {"load_after": _uptime(),
-                                   "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    Console().print(table(result))
-    typer.echo(f"raw results: {out}; logs: {work}", err=True)
-    if not result["checks"]["ok"]:
-        for problem in result["checks"]["problems"][:10]:
-            typer.echo(f"problem: {problem}", err=True)
-        raise typer.Exit(1)
-
-
-def _cpu_flags() -> list[str]:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return sorted({f for f in flags.split(":", 1)[1].split() if f in ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f")})
+    run_and_report(lambda: run_load(options, work, progress=lambda line: typer.echo(line, err=True)), out, work, table)
 
 
 def table(result: dict) -> Table:

@@ -2,20 +2,15 @@
 results as JSON, print a table."""
 from __future__ import annotations
 
-import json
-import os
 import tempfile
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from .load_command import _cpu_flags
 from .pipeline import PipelineOptions, run_pipeline
-from .process_command import _lscpu_model, _uptime
+from .support.run_report import run_and_report
 
 
 def bench_pipeline_command(
@@ -36,19 +31,7 @@ def bench_pipeline_command(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     work = work_dir or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
-    machine = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "flags": _cpu_flags(),
-               "load_before": _uptime(), "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    result = run_pipeline(options, work, progress=lambda line: typer.echo(line, err=True))
-    result["machine"] = machine | {"load_after": _uptime(),
-                                   "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    Console().print(table(result))
-    typer.echo(f"raw results: {out}; logs: {work}", err=True)
-    if not result["checks"]["ok"]:
-        for problem in result["checks"]["problems"]:
-            typer.echo(f"problem: {problem}", err=True)
-        raise typer.Exit(1)
+    run_and_report(lambda: run_pipeline(options, work, progress=lambda line: typer.echo(line, err=True)), out, work, table)
 
 
 def table(result: dict) -> Table:

@@ -31,10 +31,14 @@ def auto_dtype(device: str) -> tuple[str, str]:
 
 
 @lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """/proc/cpuinfo's flags (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return any(flag in flags for flag in BF16_CPU_FLAGS)
+        return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
+def cpu_has_native_bf16() -> bool:
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)

@@ -14,6 +14,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..dtype import cpu_flags
+
 SOURCE = Path(__file__).with_name("quant_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -24,12 +26,7 @@ class QuantKernelUnavailable(RuntimeError):
 
 
 def cpu_supported() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return all(flag in flags for flag in CPU_FLAGS)
+    return all(flag in cpu_flags() for flag in CPU_FLAGS)
 
 
 @lru_cache(maxsize=1)
