@@ -5,23 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import MAX_NEW_TOKENS, model_cache_dir
+from greedy_closeness import LogitsRecorder, greedy_closeness
 
-from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.layers.quant_build import cpu_supported
 from batchinfer.engine.loader import load_model_light
 from batchinfer.engine.quant_weights import UnsupportedWeightFormat
-from batchinfer.engine.sampler import Sampler
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="the quantized kernel needs AVX2, FMA and F16C")
-TOP = 5
-
-
-class LogitsRecorder(Sampler):
-    def sample(self, logits, request_ids, params):
-        self.last = dict(zip(request_ids, logits.float().cpu()))
-        return super().sample(logits, request_ids, params)
-
-
 @pytest.fixture(scope="module")
 def gguf_engine():
     loaded = load_model_light(None, model_cache_dir(), torch.float32, "gguf")
@@ -33,23 +24,8 @@ def gguf_engine():
 
 
 def test_gguf_weights_greedy_is_close_to_transformers_fp32(gguf_engine, loaded_model, prompt_token_ids, hf_reference):
-    params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
-    results = gguf_engine.generate([GenerationRequest(f"p{i}", ids, params) for i, ids in enumerate(prompt_token_ids)])
-    exact, problems = 0, []
-    for i, (ids, ref, res) in enumerate(zip(prompt_token_ids, hf_reference, results)):
-        ours, theirs = res.output_token_ids, ref.tokens[:len(res.output_token_ids)]
-        first = next((j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
-        if first is None:
-            exact += 1
-            continue
-        context = ids + theirs[:first]
-        with torch.inference_mode():
-            hf_top = torch.topk(loaded_model.hf_model(torch.tensor([context])).logits[0, -1], TOP).indices.tolist()
-        gguf_engine.generate([GenerationRequest(f"top{i}", context, SamplingParams(max_tokens=1, temperature=0))])
-        our_top = torch.topk(gguf_engine.runner.sampler.last[f"top{i}"], TOP).indices.tolist()
-        if ours[first] not in hf_top or theirs[first] not in our_top:
-            problems.append((i, first, ours[first], hf_top, theirs[first], our_top))
-    print(f"\ngguf weights, exact match with transformers fp32: {exact}/{len(results)} prompts")
+    exact, problems = greedy_closeness(gguf_engine, loaded_model, prompt_token_ids, hf_reference, MAX_NEW_TOKENS)
+    print(f"\ngguf weights, exact match with transformers fp32: {exact}/{len(prompt_token_ids)} prompts")
     assert not problems, problems
 
 
