@@ -4,8 +4,9 @@
 
 Without the model on the device: --pack-model DIR here, then --random-weights DIR there (see README).
 
-1. correctness: the store, extend and decode kernels against the torch references, on the device,
-   in bf16 and fp16, on ragged batches over shuffled paged blocks;
+1. correctness: the store and extend kernels (decodes run through extend) against the torch references, on
+   the device, in bf16 and fp16, on ragged batches over shuffled paged blocks; and a token's output bitwise the
+   same as a decode step alone and inside a fresh prefill (issue 20);
 2. timings (bf16): each kernel against torch's scaled_dot_product_attention on the same shapes with
    dense contiguous K/V, and the Triton backend against the engine's torch backend (paged gather +
    SDPA), both through the AttentionBackend interface;
@@ -85,7 +86,7 @@ CORRECTNESS_CASES = {
 
 
 def check_correctness(device: str) -> list[dict]:
-    from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
+    from batchinfer.engine.kernels import extend_attention, store_kv
     from benchmarks.support import kernel_reference as reference
     from benchmarks.support.paged_batch import PagedBatch
 
@@ -100,12 +101,8 @@ def check_correctness(device: str) -> list[dict]:
                 store_err = max((b.k_cache - k_ref).abs().max().item(), (b.v_cache - v_ref).abs().max().item())
                 expected = reference.extend_attention_ref(b.q, k_ref, v_ref, m.cu_seqlens_q, m.seq_lens,
                                                           m.block_tables, b.scale)
-                if case == "decode":
-                    out = decode_attention.decode_attention(b.q, b.k_cache, b.v_cache, m.seq_lens, m.block_tables,
-                                                            m.max_seq_len, b.scale)
-                else:
-                    out = extend_attention.extend_attention(b.q, b.k, b.v, b.k_cache, b.v_cache, m.cu_seqlens_q,
-                                                            m.seq_lens, m.block_tables, m.max_seqlen_q, b.scale)
+                out = extend_attention.extend_attention(b.q, b.k_cache, b.v_cache, m.cu_seqlens_q, m.seq_lens,
+                                                         m.block_tables, m.max_seqlen_q, b.scale)
                 err = (out.float() - expected.float()).abs().max().item()
                 ok = store_err == 0 and err <= TOLERANCE[dtype]
                 rows.append(dict(case=case, dtype=dtype_name, block_size=block_size,
@@ -114,6 +111,32 @@ def check_correctness(device: str) -> list[dict]:
                                  ok=ok))
                 print(f"  {'ok ' if ok else 'BAD'} {case:<20} {dtype_name:<9} block {block_size:<3} "
                       f"heads {rows[-1]['q_heads']}/{shape['kv_heads']} d{shape['head_dim']}: max err {err:.2e}")
+    return rows
+
+
+def check_invariance(device: str) -> list[dict]:
+    """A token decoded alone (its earlier tokens cached) against the same token inside one fresh prefill of
+    several sequences: bitwise equal, or batch invariance does not hold on this GPU."""
+    from batchinfer.engine.kernels import extend_attention
+    from benchmarks.support.paged_batch import PagedBatch
+
+    rows = []
+    for dtype_name, dtype in DTYPES.items():
+        b = PagedBatch([0, 0, 0], [70, 33, 300], 16, dtype=dtype, device=device, **MODEL_SHAPE)
+        k_cache, v_cache = b.stored_caches()
+        m = b.meta
+        prefill = extend_attention.extend_attention(b.q, k_cache, v_cache, m.cu_seqlens_q, m.seq_lens,
+                                                    m.block_tables, m.max_seqlen_q, b.scale)
+        start = int(m.cu_seqlens_q[2])
+        one = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        for pos in (0, 63, 64, 200, 299):
+            decode = extend_attention.extend_attention(
+                b.q[start + pos:start + pos + 1], k_cache, v_cache, one,
+                torch.tensor([pos + 1], dtype=torch.int32, device=device), m.block_tables[2:3], 1, b.scale)
+            ok = torch.equal(decode[0], prefill[start + pos])
+            rows.append(dict(case="invariance", dtype=dtype_name, position=pos, ok=ok))
+            print(f"  {'ok ' if ok else 'BAD'} decode alone vs prefill at position {pos} ({dtype_name}): "
+                  f"{'bitwise equal' if ok else 'differ'}")
     return rows
 
 
@@ -153,19 +176,14 @@ def _time_case(device: str, shape: dict, prefix_lens: list[int], q_lens: list[in
 
     from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
     from batchinfer.engine.attention.triton_backend import TritonAttentionBackend
-    from batchinfer.engine.kernels import decode_attention, extend_attention, store_kv
+    from batchinfer.engine.kernels import extend_attention, store_kv
     from benchmarks.support.paged_batch import PagedBatch
 
     b = PagedBatch(prefix_lens, q_lens, 16, dtype=torch.bfloat16, device=device, **shape)
     m = b.meta
     store_kv.store_kv(b.k, b.v, b.k_cache, b.v_cache, m.slot_mapping)
-    if m.is_decode:
-        kernel = lambda: decode_attention.decode_attention(  # noqa: E731
-            b.q, b.k_cache, b.v_cache, m.seq_lens, m.block_tables, m.max_seq_len, b.scale)
-    else:
-        kernel = lambda: extend_attention.extend_attention(  # noqa: E731
-            b.q, b.k, b.v, b.k_cache, b.v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables,
-            m.max_seqlen_q, b.scale)
+    kernel = lambda: extend_attention.extend_attention(  # noqa: E731  (decodes too: one kernel, issue 20)
+        b.q, b.k_cache, b.v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables, m.max_seqlen_q, b.scale)
     torch_backend, triton_backend = TorchAttentionBackend(), TritonAttentionBackend()
     args = (b.q, b.k, b.v, b.k_cache, b.v_cache, m, b.scale)
     return dict(triton_kernel_ms=do_bench(kernel), sdpa_dense_ms=do_bench(_dense_sdpa(b, prefix_lens[0], q_lens[0])),
@@ -297,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                    args=vars(args))
     _section(results, "correctness", check_correctness, "cuda")
+    _section(results, "invariance", check_invariance, "cuda")
     _section(results, "timings", time_kernels, "cuda")
     if not args.skip_e2e:
         prompts = shared_prefix_workload(args.groups, args.per_group, args.prefix_len, args.suffix_len, seed=args.seed)
@@ -310,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     print(f"results: {args.out}")
     correctness = results.get("correctness")
-    return 0 if isinstance(correctness, list) and all(row["ok"] for row in correctness) else 1
+    invariance = results.get("invariance")
+    checks = [correctness, invariance]
+    return 0 if all(isinstance(rows, list) and all(row["ok"] for row in rows) for rows in checks) else 1
 
 
 if __name__ == "__main__":

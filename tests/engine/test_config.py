@@ -25,8 +25,8 @@ def test_dtype_auto_resolves_to_float32_on_cpu_and_says_why():
     from batchinfer.engine.dtype import cpu_has_native_bf16
 
     auto = EngineConfig(dtype="auto")
-    assert auto.dtype == "float32"  # bf16 is not yet within the fidelity rule, even where it is native
-    why = "not yet within the fidelity rule" if cpu_has_native_bf16() else "no avx512_bf16 or amx_bf16"
+    assert auto.dtype == "float32"  # bf16 changes greedy answers, even where it is native
+    why = "bf16 native, but its greedy answers differ from float32's" if cpu_has_native_bf16() else "no avx512_bf16 or amx_bf16"
     assert auto.dtype_note == f"float32 (auto: {why})"
     assert EngineConfig(dtype="bfloat16").dtype_note == "bfloat16 (asked)"
     assert EngineConfig(dtype="bf16").dtype == "bfloat16" and EngineConfig(dtype="fp32").dtype == "float32"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-KERNEL_MODULES = ("store_kv", "extend_attention", "decode_attention")
+KERNEL_MODULES = ("store_kv", "extend_attention")
 
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"

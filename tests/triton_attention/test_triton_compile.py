@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 INDEX_ARGS = {"slot_mapping_ptr": "*i64", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32",
-              "block_tables_ptr": "*i32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+              "block_tables_ptr": "*i32"}
 
 # The launchers' CUDA choices for SmolLM2 (9/3 heads, d64) and an 8B-class layer (32/8 heads, d128).
 CASES = {
@@ -24,14 +24,6 @@ CASES = {
     "extend d128": ("extend_attention", "_extend_attention_kernel",
                     dict(GROUP=4, BLOCK_G=4, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=64, TOKENS_M=16,
                          BLOCK_N=64, SOFTCAP=False, UPCAST=False, PRECISION="tf32"), 8),
-    "decode split d64": ("decode_attention", "_decode_split_kernel",
-                         dict(GROUP=3, BLOCK_H=16, BLOCK_SIZE=16, HEAD_DIM=64, BLOCK_D=64, BLOCK_N=32, SOFTCAP=False,
-                              UPCAST=False, PRECISION="tf32"), 4),
-    "decode split d128": ("decode_attention", "_decode_split_kernel",
-                          dict(GROUP=4, BLOCK_H=16, BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=32, SOFTCAP=False,
-                               UPCAST=False, PRECISION="tf32"), 4),
-    "decode reduce d64": ("decode_attention", "_decode_reduce_kernel",
-                          dict(GROUP=3, BLOCK_H=4, HEAD_DIM=64, BLOCK_D=64), 4),
 }
 
 

@@ -14,8 +14,8 @@ Q_LENS = [21, 1, 40, 6, 0]
 def _check(batch, tolerance, dtype, **tiles):
     ref_k_cache, ref_v_cache = batch.stored_caches()
     m = batch.meta
-    out = extend_attention(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, m.cu_seqlens_q, m.seq_lens,
-                           m.block_tables, m.max_seqlen_q, batch.scale, **tiles)
+    out = extend_attention(batch.q, ref_k_cache, ref_v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables,
+                           m.max_seqlen_q, batch.scale, **tiles)
     expected = extend_attention_ref(batch.q, ref_k_cache, ref_v_cache, m.cu_seqlens_q, m.seq_lens,
                                     m.block_tables, batch.scale)
     torch.testing.assert_close(out, expected, **tolerance(dtype))
@@ -43,9 +43,10 @@ def test_triton_extend_handles_head_dim_below_a_power_of_two(paged_batch, tolera
 
 def test_triton_extend_without_prefix_equals_causal_sdpa(paged_batch):
     batch = paged_batch([0], [24], 16, kv_heads=2, group=2, head_dim=32, dtype=torch.float32, seed=3)
+    k_cache, v_cache = batch.stored_caches()
     m = batch.meta
-    out = extend_attention(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, m.cu_seqlens_q, m.seq_lens,
-                           m.block_tables, m.max_seqlen_q, batch.scale, block_m=16, block_n=16)
+    out = extend_attention(batch.q, k_cache, v_cache, m.cu_seqlens_q, m.seq_lens, m.block_tables, m.max_seqlen_q,
+                           batch.scale, block_m=16, block_n=16)
     expected = torch.nn.functional.scaled_dot_product_attention(
         batch.q.transpose(0, 1), batch.k.transpose(0, 1), batch.v.transpose(0, 1),
         is_causal=True, scale=batch.scale, enable_gqa=True).transpose(0, 1)

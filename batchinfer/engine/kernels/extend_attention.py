@@ -1,6 +1,12 @@
-"""Extend attention kernel: each sequence's new tokens attend to its cached prefix (read from the
-paged cache through the block table) and causally to each other (read from the new K/V), with one
-online softmax across both parts. This is prefill, with or without a cached prefix.
+"""Extend attention kernel: each sequence's new tokens attend, causally, to everything before them in the
+paged cache (its cached prefix and the new tokens, which the backend stores first). This is prefill, with or
+without a cached prefix, and, with one new token per sequence, decode.
+
+Batch- and cache-invariant by construction: every key is read through the block table in tiles of BLOCK_N
+positions aligned at absolute position 0, whatever part of the sequence was cached or arrived in this step,
+and tiles a row cannot see add exact zeros (its max, sum and accumulator are left bitwise unchanged). So a
+token at position p gets the same arithmetic in a fresh prefill, an extend over a cached prefix, a recompute
+after preemption and a decode step, beside any neighbours (tests/triton_attention, bitwise).
 
 A program owns one KV head and BLOCK_M rows: TOKENS_M tokens x the query heads that share that KV
 head (GQA packed, BLOCK_G = GROUP rounded up to a power of 2), so each K/V tile is loaded once per group.
@@ -47,9 +53,9 @@ def _attend(q, k, v, mask, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP: 
 
 @triton.jit
 def _extend_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, k_cache_ptr, v_cache_ptr,
+    q_ptr, o_ptr, k_cache_ptr, v_cache_ptr,
     cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr, scale_log2, window, cap_in, cap_out,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cache_block, stride_cache_token, stride_cache_head, stride_block_table,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TOKENS_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -58,12 +64,14 @@ def _extend_attention_kernel(
     seq, kv_head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    prefix_len = tl.load(seq_lens_ptr + seq) - q_len
+    seq_len = tl.load(seq_lens_ptr + seq)
+    prefix_len = seq_len - q_len
     if m_block * TOKENS_M >= q_len:
         return
 
     rows = tl.arange(0, BLOCK_M)
     offs_m = m_block * TOKENS_M + rows // BLOCK_G  # each row's token within the sequence's new tokens
+    pos_m = prefix_len + offs_m  # and its absolute position
     heads = kv_head * GROUP + rows % BLOCK_G
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -78,32 +86,20 @@ def _extend_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Part 1: the cached prefix, through the block table, from the first key the block's first token sees.
+    # Keys from the first one the block's first token sees to the last one its last token sees, in tiles
+    # aligned at position 0 (never at the prefix's end: that would make the order depend on the cache).
     table = block_tables_ptr + seq.to(tl.int64) * stride_block_table
     first_key = tl.maximum(prefix_len + m_block * TOKENS_M - window + 1, 0)
-    for start in range(first_key // BLOCK_N * BLOCK_N, prefix_len, BLOCK_N):
+    last_key = tl.minimum(seq_len, prefix_len + (m_block + 1) * TOKENS_M)
+    for start in range(first_key // BLOCK_N * BLOCK_N, last_key, BLOCK_N):
         pos = start + offs_n
-        mask_n = pos < prefix_len
+        mask_n = pos < seq_len
         block = tl.load(table + pos // BLOCK_SIZE, mask=mask_n, other=0).to(tl.int64)
         kv_rows = block * stride_cache_block + (pos % BLOCK_SIZE) * stride_cache_token + kv_head * stride_cache_head
         tile_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :], mask=tile_mask, other=0.0)
-        visible = mask_n[None, :] & (pos[None, :] > prefix_len + offs_m[:, None] - window)
-        acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP, UPCAST,
-                                PRECISION)
-
-    # Part 2: the new tokens, causally (new token i sits at position prefix_len + i).
-    for start in range(0, tl.minimum(q_len, (m_block + 1) * TOKENS_M), BLOCK_N):
-        pos = start + offs_n
-        mask_n = pos < q_len
-        tokens_n = (q_start + pos).to(tl.int64)
-        tile_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + tokens_n[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :],
-                    mask=tile_mask, other=0.0)
-        v = tl.load(v_ptr + tokens_n[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-                    mask=tile_mask, other=0.0)
-        visible = mask_n[None, :] & (pos[None, :] <= offs_m[:, None]) & (pos[None, :] > offs_m[:, None] - window)
+        visible = mask_n[None, :] & (pos[None, :] <= pos_m[:, None]) & (pos[None, :] > pos_m[:, None] - window)
         acc, m_i, l_i = _attend(q, k, v, visible, acc, m_i, l_i, scale_log2, cap_in, cap_out, SOFTCAP, UPCAST,
                                 PRECISION)
 
@@ -113,27 +109,28 @@ def _extend_attention_kernel(
              mask=mask_m[:, None] & mask_d[None, :])
 
 
-def extend_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q: int,
+def extend_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_seqlen_q: int,
                      scale: float, block_m: int | None = None, block_n: int = 64, window: int | None = None,
                      softcap: float | None = None) -> torch.Tensor:
-    """q: [num_tokens, q_heads, dim]; k, v: the same tokens' new K/V [num_tokens, kv_heads, dim];
-    caches [num_blocks, block_size, kv_heads, dim] hold each sequence's prefix. Returns like q.
+    """q: [num_tokens, q_heads, dim]; caches [num_blocks, block_size, kv_heads, dim] hold each sequence's
+    seq_lens[b] tokens, the new ones included (stored before the call). Returns like q.
     block_m: rows per program (tokens x packed query heads); block_n: keys per tile. The defaults keep
-    sm_90 builds at <200 registers without spills (checked with cuobjdump), and small in the interpreter."""
+    sm_90 builds at <200 registers without spills (checked with cuobjdump), and small in the interpreter.
+    Callers that want invariance keep block_m and block_n the same for every step (the backend does)."""
     out = torch.empty_like(q)
     num_tokens, q_heads, dim = q.shape
     if num_tokens == 0:
         return out
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == k.stride(2) == v.stride(2) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and q.stride(2) == 1
     batch, kv_heads, block_size = len(seq_lens), k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
     block_g = triton.next_power_of_2(group)
     block_m = max(block_m or (128 if dim <= 64 and q.device.type != "cpu" else 64), block_g)
     grid = (batch, kv_heads, triton.cdiv(max_seqlen_q, block_m // block_g))
     _extend_attention_kernel[grid](
-        q, k, v, out, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale * math.log2(math.e),
+        q, out, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale * math.log2(math.e),
         window or NO_WINDOW, *softcap_factors(scale, softcap),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_G=block_g, BLOCK_SIZE=block_size, HEAD_DIM=dim, BLOCK_D=triton.next_power_of_2(dim),
         BLOCK_M=block_m, TOKENS_M=block_m // block_g, BLOCK_N=block_n, SOFTCAP=softcap is not None,
