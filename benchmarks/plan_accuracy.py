@@ -59,7 +59,8 @@ def estimate_and_run(ctx, generator, name: str, data: bytes) -> dict:
             "replay_ratio": round((replay["estimated_run_s"] or 0) / actual, 3),
             "engine_steps_s": round(steps.prefill_s + steps.decode_s, 3), "prefill_s": round(steps.prefill_s, 3),
             "decode_s": round(steps.decode_s, 3), "decode_steps": steps.decode_steps,
-            "prefill_tokens": steps.prefill_tokens, "status": job.status, "completion_tokens": job.completion_tokens,
+            "prefill_tokens": steps.prefill_tokens, "prefill_pairs": steps.prefill_pairs,
+            "decode_pairs": steps.decode_pairs, "status": job.status, "completion_tokens": job.completion_tokens,
             "max_new_tokens": estimate["max_new_tokens"], "rates": estimate["rate_source"],
             "load_1m_before": round(load, 2), "load_1m_after": round(os.getloadavg()[0], 2)}
 

@@ -170,6 +170,8 @@ class EngineRate(Base):
     decode_token_s: Mapped[float] = mapped_column(Float)
     # per class of decode batch size ("1", "2", "4", "8", ...): [steps, sum of b, sum of t], decayed as the rest
     decode_sizes: Mapped[dict] = mapped_column(JSON, default=dict)
+    # the same sums priced by attention pairs too (engine_rates.fold_attention); None on rows recorded before
+    attention_sums: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     units: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[float] = mapped_column(Float)
 

@@ -71,7 +71,7 @@ class LLMEngine:
         if not seqs:
             return []
         self._mark_scheduled(seqs)
-        prompt = self.step_stats.prompt_tokens(seqs)
+        prompt, pairs = self.step_stats.prompt_tokens(seqs), self.step_stats.pairs(seqs)
         copy_blocks(self.runner.kv_caches, self.block_manager.take_copies())  # copy on write, before any write
         sampled = self.runner.run(seqs)
         embedded = self.runner.take_embeddings()
@@ -80,7 +80,7 @@ class LLMEngine:
         self._mark_tokens(seqs, sampled.keys() | embedded.keys())
         self._fork_prefilled(seqs)
         results = self._merge_samples([self._result(s) for s in finished])
-        self.step_stats.record(seqs, time.perf_counter() - started, prompt)
+        self.step_stats.record(seqs, time.perf_counter() - started, prompt, pairs)
         return results
 
     def has_unfinished(self) -> bool:

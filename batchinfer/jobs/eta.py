@@ -17,6 +17,7 @@ from batchinfer.jobs.output.records import PreparedRequest
 from batchinfer.db.models import Job
 from batchinfer.jobs.output.batch_view import batch_object
 from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units
+from batchinfer.planner.prefix_tree import PrefixTree, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +28,40 @@ _MAX_SHAPES = 256
 @dataclass(frozen=True)
 class RunShape:
     """What a run costs apart from the rates: prompt tokens to compute (the plan's expected cache hits off)
-    and each unit's max_tokens (its requests decode side by side)."""
+    and the attention pairs they make, and each unit's max_tokens (its requests decode side by side) with
+    each sequence's prompt length (a decode step's rows attend to their whole context)."""
 
     computed_prompt_tokens: int
     unit_max_tokens: tuple[tuple[int, ...], ...]
+    prefill_pairs: int = 0
+    unit_prompt_lens: tuple[tuple[int, ...], ...] = ()  # parallel to unit_max_tokens; (): contexts unknown
 
     def seconds(self, rate: engine_rates.MeasuredRate, workers: int = 1) -> float:
-        decode = sum(rate.unit_decode_s(tokens) for tokens in self.unit_max_tokens)
-        return (self.computed_prompt_tokens / rate.prefill_tokens_per_s + decode) / max(workers, 1)
+        prompts = self.unit_prompt_lens or (None,) * len(self.unit_max_tokens)
+        decode = sum(rate.unit_decode_s(tokens, lens) for tokens, lens in zip(self.unit_max_tokens, prompts))
+        return (rate.prefill_seconds(self.computed_prompt_tokens, self.prefill_pairs) + decode) / max(workers, 1)
 
 
-def shape_of(estimate: PlanEstimate, units: list[UnitPlan]) -> RunShape:
-    """The shape of a plan (`plan`'s estimate and its units)."""
+def prefill_pairs(prompt: int, cached: int) -> int:
+    """Attention pairs of computing a prompt's tokens at positions [c, prompt): n*c + n(n+1)/2, n = prompt - c
+    (one token at least is computed, whatever the cache holds)."""
+    c = min(cached, prompt - 1)
+    n = prompt - c
+    return n * c + n * (n + 1) // 2
+
+
+def shape_of(estimate: PlanEstimate, units: list[UnitPlan], block_size: int = 16) -> RunShape:
+    """The shape of a plan (`plan`'s estimate and its units). Each request's cached tokens are those a
+    prefix cache finds when the units run in order and every block, once computed, stays (the plan's
+    expected_cached_tokens, request by request)."""
+    requests = [r for unit in units for r in unit.requests]
+    with gc_paused():
+        cached = PrefixTree(requests, block_size).cached_in_order(list(range(len(requests)))) if requests else []
+    pairs = sum(prefill_pairs(len(r.prompt_token_ids), c) for r, c in zip(requests, cached))
     return RunShape(estimate.prompt_tokens - estimate.expected_cached_tokens,
-                    tuple(tuple(r.max_tokens for r in unit.requests for _ in range(r.n)) for unit in units))
+                    tuple(tuple(r.max_tokens for r in unit.requests for _ in range(r.n)) for unit in units),
+                    pairs,
+                    tuple(tuple(len(r.prompt_token_ids) for r in unit.requests for _ in range(r.n)) for unit in units))
 
 
 def _shape(ctx: AppContext, job_id: str, config: PlannerConfig) -> RunShape:
@@ -48,7 +69,8 @@ def _shape(ctx: AppContext, job_id: str, config: PlannerConfig) -> RunShape:
     if shape is None:
         with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
             pending = [PreparedRequest.from_json(raw).to_pending(job_id) for raw in stream if raw.strip()]
-        shape = _SHAPES[job_id] = shape_of(estimate_plan(pending, config), plan_units(pending, config))
+        shape = _SHAPES[job_id] = shape_of(estimate_plan(pending, config), plan_units(pending, config),
+                                           config.block_size)
         while len(_SHAPES) > _MAX_SHAPES:
             _SHAPES.popitem(last=False)
     _SHAPES.move_to_end(job_id)

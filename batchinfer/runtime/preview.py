@@ -40,7 +40,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     units = plan_units(pending, config)
     estimate = estimate_plan(pending, config, workers=len(workers), units=len(units))
     if workers:  # priced as `status` prices a batch before its first request finishes (jobs.eta)
-        estimate.estimated_run_s = shape_of(estimate, units).seconds(rate, len(workers))
+        estimate.estimated_run_s = shape_of(estimate, units, config.block_size).seconds(rate, len(workers))
     estimate.rate_source = rate.source
     return estimate, report
 
