@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     api_concurrent_uploads: int = 2  # API: uploads of one key in flight at once; more: 429
     api_concurrent_estimates: int = 2  # API: estimates of one key in flight at once; more: 429
     api_auth_failures_per_min: int = 30  # API: failed authentications per client address a minute; more: 429
+    # cluster: a request's place among its key's uploads/estimates in flight (kept in Redis) lasts this long unless its
+    # server renews it, which it does while the request lasts: a server that dies frees its places within this
+    api_in_flight_lease_s: float = 60.0
     api_work_threads: int = 2  # embedded API: threads validating and estimating, shared fairly between keys
     metrics_token: str | None = None  # GET /metrics answers to this bearer token, or to an admin key
     api_docs: bool = False  # serve /docs and /openapi.json
@@ -129,7 +132,7 @@ class Settings(BaseSettings):
                      "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads")
+                     "api_work_threads", "api_in_flight_lease_s")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:

@@ -4,6 +4,7 @@ server itself. One key floods it with large batches and estimates; another key's
 before the flood has drained, not behind it."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -51,8 +52,10 @@ def status(server, auth: dict, batch_id: str) -> str:
     return httpx.get(f"{server[0]}/v1/batches/{batch_id}", headers=auth, timeout=30).json()["status"]
 
 
-def test_one_keys_flood_does_not_hold_back_another_keys_one_line_batch(embedded_server):
-    server, flooder, other = embedded_server[:1], *embedded_server[1:]
+def flood_then_one_line(server, flooder: dict, other: dict) -> tuple[str, float, list[str]]:
+    """The flooding key creates FLOOD_BATCHES big batches and keeps 2 estimates of them in flight; then the other
+    key creates a one-line batch. (its id, seconds it stayed `validating`, the flood's batches still `validating`
+    when it left)."""
     # every line valid but the last: validation tokenizes the whole file, then fails the batch (no engine run)
     big = [chat_line(f"a{i}", f"Summarize item {i} of the inventory in one word.", max_tokens=1)
            for i in range(FLOOD_LINES)] + ['{"custom_id": "broken"']
@@ -82,6 +85,14 @@ def test_one_keys_flood_does_not_hold_back_another_keys_one_line_batch(embedded_
         still_validating = [b for b in floods if status(server, flooder, b) == "validating"]
     finally:
         stop_estimates.set()  # the threads end with their estimate in flight, or when the server stops
+    print(f"\none-line batch validated after {waited:.2f} s with {len(still_validating)} of the flood's "
+          f"{FLOOD_BATCHES} batches still validating; load average {os.getloadavg()[0]:.1f}")
+    return mine, waited, still_validating
+
+
+def test_one_keys_flood_does_not_hold_back_another_keys_one_line_batch(embedded_server):
+    server, flooder, other = embedded_server[:1], *embedded_server[1:]
+    mine, waited, still_validating = flood_then_one_line(server, flooder, other)
     # The flood's validations run one at a time (one key, one thread); the other key's went past them.
     assert len(still_validating) >= FLOOD_BATCHES // 2, (still_validating, waited)
     assert status(server, other, mine) in {"queued", "in_progress", "finalizing", "completed"}

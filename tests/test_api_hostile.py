@@ -8,6 +8,7 @@ import json
 import os
 import select
 import socket
+import time
 import uuid
 from urllib.parse import urlsplit
 
@@ -275,6 +276,33 @@ def test_estimates_of_one_key_in_flight_are_bounded(server):
     assert len(answers) - len(refused) <= CONCURRENT_ESTIMATES  # the rest waited on a worker (none here): 503
     assert refused and all(a.headers["retry-after"] for a in refused)
     assert {a.json()["error"]["code"] for a in refused} == {"too_many_estimates"}
+
+
+def test_two_servers_share_a_keys_rate_and_estimates_in_flight(server, tmp_path):
+    """Behind a balancer: a second `serve` on the same Redis holds the key to the same budget (in-process
+    limits would let each server pass the whole of it)."""
+    url, env, _ = server
+    port = free_port()
+    second = start_cli(env, tmp_path / "second.log", "serve", "--port", str(port))
+    try:
+        wait_healthy(second, f"http://127.0.0.1:{port}", tmp_path / "second.log")
+        urls = [url, f"http://127.0.0.1:{port}"]
+        auth = new_key(server)
+        started = time.time()
+        answers = [httpx.get(f"{urls[n % 2]}/v1/models", headers=auth, timeout=30) for n in range(2 * REQUESTS_PER_MIN)]
+        refilled = (time.time() - started) * REQUESTS_PER_MIN / 60
+        passed = sum(a.status_code == 200 for a in answers)
+        assert passed <= REQUESTS_PER_MIN + refilled + 1, (passed, refilled)
+        assert {a.status_code for a in answers} == {200, 429}
+        estimator = new_key(server)
+        file_id = upload(server, estimator, [chat_line("a", "Hi", max_tokens=1)]).json()["id"]
+        with cf.ThreadPoolExecutor(6) as pool:
+            estimates = list(pool.map(lambda n: httpx.post(f"{urls[n % 2]}/v1/batches/estimate", headers=estimator,
+                                                           json={"input_file_id": file_id}, timeout=60), range(6)))
+        assert sum(a.status_code != 429 for a in estimates) <= CONCURRENT_ESTIMATES  # between both servers
+    finally:
+        stop(second)
+        assert "Traceback" not in (tmp_path / "second.log").read_text(errors="replace")
 
 
 def test_failed_authentications_are_throttled_per_address(server):  # finding 6; last: it spends this address's budget

@@ -193,6 +193,20 @@ def test_an_event_that_cannot_be_sent_fails_alone_and_never_blocks_others(pg_con
     assert len(receiver.received) == 1
 
 
+def test_a_redirect_is_never_followed(pg_context, receiver):  # point 4: a public receiver cannot point inside
+    inside = Receiver()
+    try:
+        receiver.answers, receiver.location = [302, 307], inside.url
+        ctx = pg_context()
+        _events_to(ctx, [receiver.url], owner=None)
+        assert deliver_due(ctx) == 0  # a 3xx is no acknowledgement
+        _wait_for(lambda: deliver_due(ctx) == 1)  # retried after its backoff: 307, then 200
+        assert [r.answered for r in receiver.received] == [302, 307, 200]
+        assert inside.received == []  # never followed, whatever the status
+    finally:
+        inside.close()
+
+
 @pytest.mark.parametrize("url", ["http://example.com/a b", "http://example.com/\nX-Injected: 1",
                                  "http://example.com/\x00", "http://example.com:99999/", "http://[::1/"])
 def test_webhook_urls_that_cannot_be_sent_are_refused_at_submit(pg_context, url):  # findings 7 and 12

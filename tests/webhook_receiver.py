@@ -18,6 +18,7 @@ class Receiver:
     answers: list[int] = field(default_factory=list)  # answered in order; 200 once they run out
     refuse: dict[str, int] = field(default_factory=dict)  # webhook-id -> how many times to answer 500 first
     received: list[Received] = field(default_factory=list)
+    location: str | None = None  # sent with a 3xx answer
 
     def __post_init__(self):
         receiver = self
@@ -30,6 +31,8 @@ class Receiver:
                     status = receiver._answer(headers.get("webhook-id", ""))
                     receiver.received.append(Received(headers, body, status))
                 self.send_response(status)
+                if 300 <= status < 400 and receiver.location:
+                    self.send_header("location", receiver.location)
                 self.send_header("content-length", "0")
                 self.end_headers()
 

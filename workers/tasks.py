@@ -5,7 +5,7 @@ import logging
 import time
 from typing import Callable
 
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
 from sqlalchemy import select
 
 from batchinfer.context import AppContext
@@ -14,6 +14,7 @@ from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, v
 from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.cluster.registry import open_registry
 from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
 from batchinfer.cluster.sweep import SweepHooks
@@ -153,6 +154,7 @@ def trigger_dispatch(countdown: float | None = None) -> None:
 
 VALIDATE_TASK = "batchinfer.validate_job"
 ESTIMATE_TASK = "batchinfer.estimate"
+FAIR_TASK = "batchinfer.fair_work"
 
 
 @app.task(name=VALIDATE_TASK)
@@ -176,3 +178,25 @@ def estimate_task(estimate_id: str, input_key: str) -> None:
 
     ctx = this_process().ctx
     store_estimate(ctx, estimate_id, input_key, open_registry(ctx.settings).live())
+
+
+@app.task(name=FAIR_TASK)
+def fair_work_task() -> str | None:
+    """One validation or estimate from the API, of the key served longest ago (cluster.fair_queue): the message
+    names no item, so the order is decided now, when this worker is free."""
+    ctx = this_process().ctx
+    try:
+        taken = open_fair_queue(ctx.settings).pop()
+    except RedisError as exc:  # a validation left `validating` is redone by the sweep; an estimate's waiter times out
+        log.warning("could not take work from the fair queue (%s)", type(exc).__name__)
+        return None
+    if taken is None:
+        return None
+    owner, item = taken
+    if item["kind"] == "validate":
+        return validate_job_task(item["job_id"])
+    if time.time() - item["posted_at"] > ctx.settings.api_estimate_wait_s:
+        log.info("estimate %s of key %s dropped: its waiter has stopped waiting", item["estimate_id"], owner)
+        return None
+    estimate_task(item["estimate_id"], item["input_key"])
+    return "estimated"

@@ -94,7 +94,7 @@ async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = De
     from batchinfer.runtime.preview import estimate_key
 
     upload = _input_file(ctx, owner, spec.input_file_id)
-    key = estimate_key(request.app.state.work.estimate(upload.storage_key, owner))
+    key = estimate_key(await asyncio.to_thread(request.app.state.work.estimate, upload.storage_key, owner))
     deadline = time.time() + ctx.settings.api_estimate_wait_s
     while time.time() < deadline:
         if await asyncio.to_thread(ctx.storage.exists, key):

@@ -1,8 +1,9 @@
 """The first thing every request meets (a plain ASGI middleware, outside FastAPI's body parsing):
 security headers on every answer; for /v1 and /metrics the key is checked from the headers before any byte
-of the body is read; then the key's request rate and its uploads and estimates in flight; bodies are counted
-as they arrive, chunked or not, and cut off at the first byte past their limit (413). Failed
-authentications are throttled per client address."""
+of the body is read; then the key's request rate and its uploads and estimates in flight (in Redis, shared by
+every server, when the broker is Redis: api/shared_limits.py); bodies are counted as they arrive, chunked or
+not, and cut off at the first byte past their limit (413). Failed authentications are throttled per client
+address."""
 from __future__ import annotations
 
 import hmac
@@ -16,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchinfer.api.auth import INVALID, MISSING, bearer
 from batchinfer.api.errors import body
-from batchinfer.api.limits import Buckets, InFlight
+from batchinfer.api.shared_limits import open_limits
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.jobs.tenancy import tenants
@@ -87,12 +88,8 @@ class _Capped:
 
 class Guard:
     def __init__(self, app: ASGIApp, ctx: AppContext):
-        s = ctx.settings
         self.app, self.ctx = app, ctx
-        self.failures = Buckets(s.api_auth_failures_per_min)
-        self.requests = Buckets(s.api_requests_per_min)
-        self.in_flight = {"uploads": InFlight(s.api_concurrent_uploads),
-                          "estimates": InFlight(s.api_concurrent_estimates)}
+        self.limits = open_limits(ctx.settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,10 +100,10 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        gate, owner = (self.in_flight[kind], key.id) if kind and key else (None, "")
-        if gate is not None and not gate.enter(owner):
-            await _refusal(429, f"Too many {kind} of this key at once (at most {gate.limit}).", f"too_many_{kind}",
-                           retry_after=1)(scope, receive, send)
+        ticket = await self.limits.enter(kind, key.id) if kind and key else None
+        if kind and key and ticket is None:
+            await _refusal(429, f"Too many {kind} of this key at once (at most {self.limits.limit(kind)}).",
+                           f"too_many_{kind}", retry_after=1)(scope, receive, send)
             return
         capped = _Capped(scope, receive, send, self._body_limit(scope))
         try:
@@ -115,8 +112,8 @@ class Guard:
             if not capped.answered:
                 await capped.too_large()(scope, receive, send)
         finally:
-            if gate is not None:
-                gate.leave(owner)
+            if ticket is not None:
+                await self.limits.leave(ticket)
 
     def _body_limit(self, scope: Scope) -> tuple[int, str]:
         """(bytes, the error code past them)."""
@@ -142,7 +139,7 @@ class Guard:
         if declared.isdigit() and int(declared) > limit[0]:
             return _too_large(*limit), None, None
         client = (scope.get("client") or ("unknown",))[0]
-        wait = self.failures.wait_s(client)
+        wait = await self.limits.auth_wait(client)
         if wait:
             return _refusal(429, "Too many failed authentications from this address.", "too_many_auth_failures",
                             wait), None, None
@@ -152,12 +149,12 @@ class Guard:
         key = await run_in_threadpool(tenants.authenticate, self.ctx, secret) if secret else None
         if key is None:
             if secret:  # a wrong guess (a missing key costs no lookup)
-                self.failures.take(client)
+                await self.limits.auth_failed(client)
             return _refusal(*(INVALID if secret else MISSING)), None, None
         if path == "/metrics" and not key.is_admin:
             return _refusal(403, "Only an admin key or the metrics token reads /metrics.", "not_admin"), None, None
         scope.setdefault("state", {})["api_key"] = key
-        wait = self.requests.take(key.id)
+        wait = await self.limits.take(key.id)
         if wait:
             return _refusal(429, "Too many requests for this key; slow down.", "rate_limit_exceeded", wait), None, None
         return None, IN_FLIGHT_KINDS.get((scope["method"], path.rstrip("/"))), key

@@ -1,5 +1,6 @@
 """How the API hands work on: to Celery workers, or (embedded, no broker) to threads here: validations and
-estimates on a pool shared fairly between keys (api.fair), engine runs on one thread of their own.
+estimates shared fairly between keys, on workers through per-key queues in Redis (cluster.fair_queue) or here
+on a pool (api.fair); embedded engine runs on one thread of their own.
 
 The API never validates or runs a batch on a request thread: creating a batch answers at once.
 """
@@ -7,10 +8,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from batchinfer.api.errors import APIError
 from batchinfer.api.fair import FairPool
+from batchinfer.cluster.fair_queue import open_fair_queue
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
@@ -33,6 +37,7 @@ class WorkQueue:
         self._fair = FairPool(threads, max(1, threads - 1), name="batchinfer-validate") if embedded else None
         self._run_queued = False
         self._lock = threading.Lock()
+        self._fair_queue = None if embedded else open_fair_queue(ctx.settings)
 
     def validate(self, job_id: str, owner: str = "") -> None:
         """Queue the validation of a new batch. If the broker is down the batch stays `validating`, marked so
@@ -41,10 +46,8 @@ class WorkQueue:
         if self._fair is not None:
             self._fair.submit(owner, lambda: self._validate_then_run(job_id))
             return
-        from workers.tasks import validate_job_task
-
         try:
-            validate_job_task.apply_async(args=[job_id])
+            self._to_workers(owner, {"kind": "validate", "job_id": job_id})
         except Exception as exc:
             log.warning("could not queue the validation of %s (%s); the sweep will validate it", job_id, one_line(exc))
             validation_lost(self.ctx, job_id)
@@ -85,10 +88,22 @@ class WorkQueue:
 
             self._fair.submit(owner, lambda: store_estimate(self.ctx, estimate_id, input_key, [WorkerState("embedded")]))
         else:
-            from workers.tasks import estimate_task
-
-            estimate_task.apply_async(args=[estimate_id, input_key])
+            try:
+                self._to_workers(owner, {"kind": "estimate", "estimate_id": estimate_id, "input_key": input_key,
+                                         "posted_at": time.time()})
+            except Exception as exc:
+                log.warning("could not queue estimate %s (%s)", estimate_id, one_line(exc))
+                raise APIError(503, "The broker does not answer, so no worker can make the estimate now; try again "
+                                    "later.", "broker_unavailable") from None
         return estimate_id
+
+    def _to_workers(self, owner: str, item: dict) -> None:
+        """The item into its key's queue, and a message for a worker to take the next item of any key."""
+        from workers.tasks import fair_work_task
+
+        assert self._fair_queue is not None
+        self._fair_queue.push(owner, item)
+        fair_work_task.apply_async()
 
     def close(self) -> None:
         if self._fair is not None:
