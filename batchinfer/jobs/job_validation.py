@@ -77,9 +77,11 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
         cause = "the input file was never stored (the submit was interrupted)"
     elif isinstance(exc, ModelUnavailable):
         cause = str(exc)
-    else:
+    elif isinstance(exc, BatchInferError):  # our own words, about the file
         cause = f"validation failed: {excerpt(str(exc)) or 'an internal error'}"
-    log.info("job %s fails: %s (%s)", job_id, cause, one_line(exc))
+    else:  # never an internal message (a path, SQL, a class name) in what the tenant reads
+        cause = "validation failed: an internal error (the server's log has the detail)"
+    log.warning("job %s fails: %s (%s: %s)", job_id, cause, type(exc).__name__, one_line(exc))
     try:
         state.fail_validation(ctx, job_id, cause)
         return _get(ctx, job_id)
