@@ -52,6 +52,8 @@ CANCEL_ORPHANED = Transition("cancel orphaned (no unit runs it)", "request", (R.
 CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
 EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
 RELEASE_REQUEST = Transition("release (its unit waits out an outage)", "request", (R.RUNNING,), R.PLANNED)
+# no live unit holds it (its unit is gone or finished without it): back to pending, for the next dispatch
+REQUEUE_ORPHAN = Transition("requeue orphaned (no live unit holds it)", "request", (R.PLANNED, R.RUNNING), R.PENDING)
 
 # work units
 PLAN_UNIT = Transition("plan", "unit", (), U.QUEUED)
@@ -64,7 +66,7 @@ RELEASE_UNIT = Transition("release (a service it needs stayed down)", "unit", (U
 TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
                EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
                FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, CANCEL_RUNNING, EXPIRE_RUNNING,
-               RELEASE_REQUEST, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
+               RELEASE_REQUEST, REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
 
 
 class Refused(Exception):

@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
@@ -60,7 +60,36 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | No
     stmt = T.statement(T.PLAN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
                        unit_id=unit_id, unit_pos=bindparam("p"))
     session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
+    # the unit must hold exactly what it claimed: anything else rolls the whole batch back (nothing half-planned)
+    held = session.scalar(select(func.count()).select_from(Request).where(Request.unit_id == unit_id))
+    if held != len(claimed):
+        raise ClaimMismatch(f"unit {unit_id} claimed {len(claimed)} requests but holds {held}")
     return len(claimed)
+
+
+class ClaimMismatch(RuntimeError):
+    """A unit's claim did not move every request it locked: its transaction is rolled back, nothing planned."""
+
+
+def requeue_orphans(ctx: AppContext, now: float, grace_s: float) -> int:
+    """Requests of a runnable job that are planned or running while no live unit holds them (no unit, or a unit
+    that finished without them: a claim or a commit that went wrong) go back to pending, for the next dispatch;
+    never failed. Only for jobs queued, and units finished, over `grace_s` ago: such a state is never one a
+    dispatcher or a commit leaves visible mid-way (both are one transaction), so the grace only spares the
+    newest rows a second look. A unit that finished cannot commit again (the fence): nothing counts twice."""
+    unit_done = exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.DONE,
+                               WorkUnit.finished_at < now - grace_s)
+    settled_job = exists().where(Job.id == Request.job_id, Job.status.in_(JobStatus.RUNNABLE),
+                                 Job.queued_at < now - grace_s)
+
+    def work(session) -> int:
+        return T.move(session, T.REQUEUE_ORPHAN, settled_job, or_(Request.unit_id.is_(None), unit_done),
+                      unit_id=None, unit_pos=None)
+
+    moved = retrying(ctx.sessions, work)
+    if moved:
+        log.warning("%d requests were planned or running in no live unit: back to pending, dispatched again", moved)
+    return moved
 
 
 def start_unit(ctx: AppContext, unit_id: str, worker: str, incarnation: str | None = None) -> StartedUnit | None:
