@@ -155,11 +155,33 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     """Stream each job's prepared file, keeping only the pending requests."""
     found = {}
     for job_id, indices in pending.items():
-        with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-            for raw in stream:
+        ordered = _in_order(ctx, job_id, indices)
+        found.update(ordered if ordered is not None else _whole(ctx, job_id, indices))
+    return found
+
+
+def _in_order(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest] | None:
+    """Validation writes request `index` on line `index`: only the pending lines are parsed (a later dispatch
+    round reads the file again for what is left). None when a line it read holds another index: a pending
+    request not on its own line leaves that line, which is read, holding another."""
+    found = {}
+    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
+        for position, raw in enumerate(stream):
+            if position in indices:
                 req = PreparedRequest.from_json(raw)
-                if req.index in indices:
-                    found[job_id, req.index] = req
+                if req.index != position:
+                    return None
+                found[job_id, position] = req
+    return found
+
+
+def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
+    found = {}
+    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
+        for raw in stream:
+            req = PreparedRequest.from_json(raw)
+            if req.index in indices:
+                found[job_id, req.index] = req
     return found
 
 
