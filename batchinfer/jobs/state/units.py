@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
@@ -57,11 +57,11 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | No
                          shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
                          input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now))
     session.flush()
-    stmt = T.statement(T.PLAN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
-                       unit_id=unit_id, unit_pos=bindparam("p"))
-    session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
+    held = T.move_each(session, T.PLAN_REQUEST, [(j, i, wanted[j, i]) for j, i in claimed], ("unit_pos",),
+                       unit_id=unit_id)
     # the unit must hold exactly what it claimed: anything else rolls the whole batch back (nothing half-planned)
-    held = session.scalar(select(func.count()).select_from(Request).where(Request.unit_id == unit_id))
+    if held < 0:
+        held = session.scalar(select(func.count()).select_from(Request).where(Request.unit_id == unit_id))
     if held != len(claimed):
         raise ClaimMismatch(f"unit {unit_id} claimed {len(claimed)} requests but holds {held}")
     return len(claimed)
@@ -111,10 +111,10 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     for job_id in sorted({j for j, _ in to_run}):
         T.move(session, T.START_JOB, Job.id == job_id, now=now)
     # The state condition matters: a cancel that committed while this waited for the row keeps its
-    # `cancelled` (already counted as failed); without it the request ran and was counted twice.
-    stmt = T.statement(T.RUN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"))
+    # `cancelled` (already counted as failed); without it the request ran and was counted twice. One
+    # statement: the unit's requests of the jobs read above (the unit row is locked: no other start races).
     if to_run:
-        session.connection().execute(stmt, [{"j": j, "i": i} for j, i in sorted(to_run)])
+        T.move(session, T.RUN_REQUEST, Request.unit_id == unit_id, Request.job_id.in_(sorted({j for j, _ in to_run})))
     return StartedUnit(unit.attempts, to_run, unit.prefix_key)
 
 
@@ -146,12 +146,9 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
     records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
     for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
-        batch = [{"j": j, "i": i, "p": rec.prompt_tokens, "c": rec.completion_tokens, "k": rec.cached_tokens}
+        batch = [(j, i, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
                  for (j, i), rec in sorted(records.items()) if rec.ok == ok]
-        if batch:
-            stmt = T.statement(t, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
-                               prompt_tokens=bindparam("p"), completion_tokens=bindparam("c"), cached_tokens=bindparam("k"))
-            session.connection().execute(stmt, batch)
+        T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
     _add_to_job_counts(session, records)
     n_ok = sum(1 for r in records.values() if r.ok)
     return CommittedUnit(completed=n_ok, failed=len(records) - n_ok)
