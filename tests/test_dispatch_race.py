@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from batchinfer.cluster.registry import WorkerRegistry
 from batchinfer.cluster.sweep import SweepHooks, sweep
-from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, WorkUnit
+from batchinfer.db.models import JobStatus, Request, RequestStatus, WorkUnit
 from batchinfer.db.session import transaction
 from batchinfer.jobs import service
 from batchinfer.jobs.output.records import UnitRequest
