@@ -202,3 +202,16 @@ def test_a_dispatch_task_runs_in_rounds_each_behind_the_units_it_sent(make_conte
         rows = session.execute(select(Request.status, Request.unit_id).where(Request.job_id == job.id)).all()
     assert {r.status for r in rows} == {"planned"} and Counter(r.unit_id for r in rows) == Counter(
         {u: 4 for u in sent})
+
+
+def test_request_rows_written_by_copy_keep_their_custom_ids_exactly(ctx):
+    """Validation writes a batch of rows with one COPY on PostgreSQL: tabs, newlines, backslashes, quotes and
+    non-ASCII in a custom_id come back as they were sent."""
+    odd = ["tab\there", "new\nline", "back\\slash\\N", "quote'\"", "ünï✓", "\\.", ""]
+    job = submit_lines(ctx, [chat_line(c, "hi") for c in odd], skip_invalid=True)
+    with ctx.sessions() as session:
+        rows = session.execute(select(Request.index, Request.line, Request.custom_id, Request.status)
+                               .where(Request.job_id == job.id).order_by(Request.index)).all()
+    kept = [c for c in odd if c]  # an empty custom_id is an invalid line
+    assert [r.custom_id for r in rows] == kept and {r.status for r in rows} == {"pending"}
+    assert [r.line for r in rows] == [odd.index(c) + 1 for c in kept]
