@@ -128,7 +128,8 @@ def test_a_request_no_live_unit_holds_goes_back_to_pending_and_the_job_completes
     dispatched: list[str] = []
     hooks = SweepHooks(requeue=lambda unit_id: None, fail=lambda unit_id, cause: False,
                        dispatch=lambda: dispatched.extend(u.unit_id for u in dispatch(ctx, [], UNIT)))
-    assert sweep(ctx, registry, hooks).requeued == 0  # within the grace: left alone
+    queued_at = service.get(ctx, job.id).queued_at
+    assert sweep(ctx, registry, hooks, now=queued_at + 0.1).requeued == 0  # within the grace: left alone
     done = sweep(ctx, registry, hooks, now=time.time() + 2 * ctx.settings.worker_ttl_s)
     assert done.requeued == 2 and done.dispatched and len(dispatched) == 1
     _run_all(ctx, dispatched, generator)

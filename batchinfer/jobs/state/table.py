@@ -92,6 +92,7 @@ def move_each(session, t: Transition, rows: list[tuple], per_row: tuple[str, ...
     if session.get_bind().dialect.name == "postgresql":
         return session.execute(_unnest_update(t, per_row, tuple(sorted(values))),
                                {"_states": list(t.current_states), "_next": t.next_state, "_j": [r[0] for r in rows],
+                                "_jobs": sorted({r[0] for r in rows}),
                                 "_i": [r[1] for r in rows], **{f"_{n}": [r[2 + k] for r in rows] for k, n in enumerate(per_row)},
                                 **{f"_v_{n}": v for n, v in values.items()}}).rowcount
     stmt = statement(t, Request.job_id == bindparam("_j"), Request.index == bindparam("_i"),
@@ -105,8 +106,11 @@ def _unnest_update(t: Transition, per_row: tuple[str, ...], fixed: tuple[str, ..
     sets = ", ".join(["status = :_next", *(f"{n} = given.{n}" for n in per_row), *(f"{n} = :_v_{n}" for n in fixed)])
     arrays = ", ".join(["CAST(:_j AS varchar[])", "CAST(:_i AS integer[])", *(f"CAST(:_{n} AS integer[])" for n in per_row)])
     names = ", ".join(["j", "i", *per_row])
+    # the ANY terms repeat the join: they give the planner the primary key's index on requests whatever the
+    # statistics say (stale ones, from before a job's rows moved, made it scan the table once per statement)
     return text(f"UPDATE requests SET {sets} FROM unnest({arrays}) AS given({names}) "
-                f"WHERE requests.job_id = given.j AND requests.index = given.i AND requests.status = ANY(:_states)")
+                f"WHERE requests.job_id = given.j AND requests.index = given.i AND requests.status = ANY(:_states) "
+                f"AND requests.job_id = ANY(CAST(:_jobs AS varchar[])) AND requests.index = ANY(CAST(:_i AS integer[]))")
 
 
 def move(session, t: Transition, *where, **values) -> int:

@@ -112,9 +112,12 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
         T.move(session, T.START_JOB, Job.id == job_id, now=now)
     # The state condition matters: a cancel that committed while this waited for the row keeps its
     # `cancelled` (already counted as failed); without it the request ran and was counted twice. One
-    # statement: the unit's requests of the jobs read above (the unit row is locked: no other start races).
-    if to_run:
-        T.move(session, T.RUN_REQUEST, Request.unit_id == unit_id, Request.job_id.in_(sorted({j for j, _ in to_run})))
+    # statement a job, on its primary key (a plan on the status index, from stale statistics, scans the job).
+    by_job: dict[str, list[int]] = defaultdict(list)
+    for job_id, index in sorted(to_run):
+        by_job[job_id].append(index)
+    for job_id, indexes in by_job.items():
+        T.move(session, T.RUN_REQUEST, Request.job_id == job_id, Request.index.in_(indexes), Request.unit_id == unit_id)
     return StartedUnit(unit.attempts, to_run, unit.prefix_key)
 
 
