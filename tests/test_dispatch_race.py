@@ -114,6 +114,13 @@ def test_a_request_no_live_unit_holds_goes_back_to_pending_and_the_job_completes
         session.execute(text("ALTER TABLE requests DROP CONSTRAINT ck_requests_open_has_unit"))
         session.execute(update(Request).where(Request.unit_id == units[0], Request.unit_pos == 5)
                         .values(unit_id=None, unit_pos=None))
+    conn = redis.Redis.from_url(redis_server)
+    registry = WorkerRegistry(conn, key_prefix=f"race-{uuid.uuid4().hex[:8]}:", ttl_s=0.5)
+    dispatched: list[str] = []
+    hooks = SweepHooks(requeue=lambda unit_id: None, fail=lambda unit_id, cause: False,
+                       dispatch=lambda: dispatched.extend(u.unit_id for u in dispatch(ctx, [], UNIT)))
+    later = time.time() + 2 * ctx.settings.worker_ttl_s
+    assert sweep(ctx, registry, hooks, now=later).requeued == 0  # its other units are queued: not stalled
     generator = NullGenerator.from_settings(ctx.settings)
     _run_all(ctx, units[:1] + units[2:], generator)
     _run_all(ctx, units[1:2], _DropsOne(generator.tokenizer, generator.max_model_len))
@@ -123,11 +130,6 @@ def test_a_request_no_live_unit_holds_goes_back_to_pending_and_the_job_completes
     assert sorted(s for _, s in stuck) == ["planned", "running"]
     assert service.get(ctx, job.id).status == JobStatus.IN_PROGRESS  # nothing left to run it: stuck
 
-    conn = redis.Redis.from_url(redis_server)
-    registry = WorkerRegistry(conn, key_prefix=f"race-{uuid.uuid4().hex[:8]}:", ttl_s=0.5)
-    dispatched: list[str] = []
-    hooks = SweepHooks(requeue=lambda unit_id: None, fail=lambda unit_id, cause: False,
-                       dispatch=lambda: dispatched.extend(u.unit_id for u in dispatch(ctx, [], UNIT)))
     queued_at = service.get(ctx, job.id).queued_at
     assert sweep(ctx, registry, hooks, now=queued_at + 0.1).requeued == 0  # within the grace: left alone
     done = sweep(ctx, registry, hooks, now=time.time() + 2 * ctx.settings.worker_ttl_s)
@@ -137,6 +139,8 @@ def test_a_request_no_live_unit_holds_goes_back_to_pending_and_the_job_completes
     assert (final.status, final.completed, final.failed) == (JobStatus.COMPLETED, n, 0)
     out = Counter(o["custom_id"] for o in read_output(ctx, job.id))
     assert out == Counter(f"c{i}" for i in range(n))  # each once: the finished unit's file never had them
+    for key in conn.scan_iter(match=registry.key_prefix + "*"):
+        conn.delete(key)
 
 
 def test_a_dispatch_keeps_its_lock_while_it_runs_and_stops_once_another_holds_it(make_context, redis_server,

@@ -72,24 +72,36 @@ class ClaimMismatch(RuntimeError):
 
 
 def requeue_orphans(ctx: AppContext, now: float, grace_s: float) -> int:
-    """Requests of a runnable job that are planned or running while no live unit holds them (no unit, or a unit
-    that finished without them: a claim or a commit that went wrong) go back to pending, for the next dispatch;
-    never failed. Only for jobs queued, and units finished, over `grace_s` ago: such a state is never one a
-    dispatcher or a commit leaves visible mid-way (both are one transaction), so the grace only spares the
-    newest rows a second look. A unit that finished cannot commit again (the fence): nothing counts twice."""
+    """Requests of a stalled runnable job (queued over `grace_s` ago, some request planned or running, none of
+    them in a queued or running unit) that no live unit holds (no unit, or a unit that finished without them over
+    `grace_s` ago: a claim or a commit that went wrong) go back to pending, for the next dispatch; never failed.
+    Such a state is never one a dispatcher or a commit leaves visible mid-way (each is one transaction). Jobs
+    first: each sweep looks at a few job rows, not at every open request. A finished unit cannot commit again
+    (the fence): nothing counts twice."""
+    with ctx.sessions() as session:
+        stalled = list(session.scalars(select(Job.id).where(
+            Job.status.in_(JobStatus.RUNNABLE), Job.queued_at < now - grace_s, _open_rows(), ~_open_rows(live=True))))
+    if not stalled:
+        return 0
     unit_done = exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.DONE,
                                WorkUnit.finished_at < now - grace_s)
-    settled_job = exists().where(Job.id == Request.job_id, Job.status.in_(JobStatus.RUNNABLE),
-                                 Job.queued_at < now - grace_s)
 
     def work(session) -> int:
-        return T.move(session, T.REQUEUE_ORPHAN, settled_job, or_(Request.unit_id.is_(None), unit_done),
+        return T.move(session, T.REQUEUE_ORPHAN, Request.job_id.in_(stalled), or_(Request.unit_id.is_(None), unit_done),
                       unit_id=None, unit_pos=None)
 
     moved = retrying(ctx.sessions, work)
     if moved:
         log.warning("%d requests were planned or running in no live unit: back to pending, dispatched again", moved)
     return moved
+
+
+def _open_rows(live: bool = False):
+    """Some request of the job is planned or running (in a queued or running unit, with `live`)."""
+    held = exists().where(Request.job_id == Job.id, Request.status.in_(T.REQUEUE_ORPHAN.current_states))
+    if live:
+        held = held.where(WorkUnit.id == Request.unit_id, WorkUnit.status.in_((UnitStatus.QUEUED, UnitStatus.RUNNING)))
+    return held
 
 
 def start_unit(ctx: AppContext, unit_id: str, worker: str, incarnation: str | None = None) -> StartedUnit | None:
