@@ -220,3 +220,29 @@ def test_request_rows_written_by_copy_keep_their_custom_ids_exactly(ctx):
     kept = [c for c in odd if c]  # an empty custom_id is an invalid line
     assert [r.custom_id for r in rows] == kept and {r.status for r in rows} == {"pending"}
     assert [r.line for r in rows] == [odd.index(c) + 1 for c in kept]
+
+
+def test_a_copy_that_times_out_on_a_lock_is_a_fault_that_passes_and_each_row_is_written_once(ctx, postgres_server,
+                                                                                             monkeypatch):
+    """The COPY runs on psycopg's connection, under SQLAlchemy: its errors must still read as the database's
+    faults (retried), not as a bad file (the job failed). A real lock timeout: another session holds the table."""
+    import psycopg
+
+    from batchinfer.jobs.state import validation as state
+
+    real, held = state._insert, []
+
+    def time_out_the_first(session, rows):
+        if not held:
+            admin = psycopg.connect(postgres_server.rsplit("/", 1)[0] + "/" + ctx.settings.database_url.rsplit("/", 1)[1])
+            admin.execute("LOCK TABLE requests IN ACCESS EXCLUSIVE MODE")  # its transaction stays open
+            held.append(admin)
+            threading.Timer(0.5, admin.close).start()  # the lock goes with it; a retry then gets through
+            session.execute(text("SET LOCAL lock_timeout = '100ms'"))
+        return real(session, rows)
+
+    monkeypatch.setattr(state, "_insert", time_out_the_first)
+    job = submit_lines(ctx, _lines(50))
+    assert held and job.status == JobStatus.QUEUED
+    with ctx.sessions() as session:
+        assert Counter(session.scalars(select(Request.index).where(Request.job_id == job.id))) == Counter(range(50))

@@ -9,6 +9,7 @@ import time
 import uuid
 
 from sqlalchemy import delete, func, insert, text, update
+from sqlalchemy.exc import DBAPIError
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request
@@ -72,10 +73,16 @@ def _insert(session, rows: list[dict]) -> None:
     if session.get_bind().dialect.name != "postgresql":
         session.execute(insert(Request), [{**row, "status": status} for row in rows])
         return
+    import psycopg
+
+    sql = f"COPY requests ({', '.join(COPY_COLUMNS)}, status) FROM STDIN"
     driver = session.connection().connection.driver_connection  # psycopg's, in this session's transaction
-    with driver.cursor() as cursor, cursor.copy(f"COPY requests ({', '.join(COPY_COLUMNS)}, status) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row((*(row[c] for c in COPY_COLUMNS), status))
+    try:
+        with driver.cursor() as cursor, cursor.copy(sql) as copy:
+            for row in rows:
+                copy.write_row((*(row[c] for c in COPY_COLUMNS), status))
+    except psycopg.Error as exc:  # as SQLAlchemy's own errors: a lost connection is a fault that passes (retried)
+        raise DBAPIError.instance(sql, None, exc, psycopg.Error, connection_invalidated=driver.broken) from exc
 
 
 ANALYZE_AFTER_ROWS = 1000  # a job this big changes the requests table's shape: its statistics are renewed
