@@ -35,6 +35,8 @@ class StartedUnit:
 class CommittedUnit:
     completed: int
     failed: int
+    # jobs whose counts, after this commit, still leave requests open: no finalize to try for them yet
+    unfinished_jobs: frozenset[str] = frozenset()
 
 
 def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
@@ -164,12 +166,14 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         batch = [(j, i, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
                  for (j, i), rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
-    _add_to_job_counts(session, records)
+    unfinished = _add_to_job_counts(session, records)
     n_ok = sum(1 for r in records.values() if r.ok)
-    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok)
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished)
 
 
-def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
+def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:
+    """Add the records to their jobs' counts; returns the jobs that still count fewer finished than total (the
+    counts are a hint: a finalize decides on the rows, and the sweep finalizes what a wrong hint skipped)."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for (job_id, _), rec in records.items():
         t = totals[job_id]
@@ -177,10 +181,15 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
         t[2] += rec.prompt_tokens
         t[3] += rec.completion_tokens
         t[4] += rec.cached_tokens
+    unfinished = set()
     for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
-        session.execute(update(Job).where(Job.id == job_id).values(
+        counts = session.execute(update(Job).where(Job.id == job_id).values(
             completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
-            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
+            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached)
+            .returning(Job.total, Job.completed, Job.failed)).first()
+        if counts is not None and counts.completed + counts.failed < counts.total:
+            unfinished.add(job_id)
+    return frozenset(unfinished)
 
 
 def stop_running(ctx: AppContext, unit_id: str, attempt: int, job_id: str, indexes: list[int], expired: bool) -> int:
