@@ -59,3 +59,24 @@ def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
     assert planner_config(ctx).block_size == engine_config(ctx.settings).block_size == 32
     default = make_context()
     assert planner_config(default).block_size == engine_config(default.settings).block_size == EngineConfig().block_size
+
+
+def test_a_prepared_file_not_in_index_order_is_read_whole(make_context):
+    """Dispatch parses only the pending lines when request `index` is on line `index` (as validation writes
+    them); a file in any other order is read whole, and nothing pending is left out."""
+    from batchinfer.jobs import storage_keys
+    from batchinfer.runtime import dispatch as dispatch_module
+
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(5)])
+    key = storage_keys.job_prepared(job.id)
+    with ctx.storage.open_read(key) as stream:
+        lines = stream.read().splitlines(keepends=True)
+    assert dispatch_module._in_order(ctx, job.id, {1, 3}).keys() == {(job.id, 1), (job.id, 3)}
+    with ctx.storage.open_write(key) as out:
+        out.write(b"".join(reversed(lines)))
+    assert dispatch_module._in_order(ctx, job.id, {1, 3}) is None
+    units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=8))
+    assert sum(u.num_requests for u in units) == 5
+    with ctx.sessions() as session:
+        assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"planned"}

@@ -5,14 +5,14 @@ import logging
 import time
 from typing import Callable
 
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus, WorkUnit
 from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import units
-from batchinfer.runtime.dispatch import DispatchedUnit, dispatch
+from batchinfer.runtime.dispatch import DispatchedUnit, dispatch, more_pending
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.cluster.registry import open_registry
@@ -30,11 +30,21 @@ DISPATCH_TASK = "batchinfer.dispatch"  # task names stay as they were: messages 
 RUN_UNIT_TASK = "batchinfer.run_unit"
 
 
-def dispatch_units(ctx: AppContext, on_units: Callable[[list[DispatchedUnit]], None] | None = None) -> list[DispatchedUnit]:
+FIRST_ROUND_UNITS = 16  # units the first dispatch round persists: a unit runs while the rest is planned
+ROUND_GROWTH = 4  # each later round persists this many times more (50,000 requests in 64: 4 rounds)
+
+
+def round_units(round_no: int | None) -> int | None:
+    """Units round `round_no` persists; None (the sweep's dispatch, `batchinfer run`'s): all of the plan."""
+    return None if round_no is None else FIRST_ROUND_UNITS * ROUND_GROWTH ** min(round_no, 8)
+
+
+def dispatch_units(ctx: AppContext, on_units: Callable[[list[DispatchedUnit]], None] | None = None,
+                   max_units: int | None = None) -> list[DispatchedUnit]:
     """Plan what is pending and route it on the registry's view of the live workers; on_units sees each batch
     as it is committed (dispatch_and_send sends them then)."""
     loads = open_registry(ctx.settings).loads()
-    return dispatch(ctx, [w.name for w in loads], worker_loads=loads, on_units=on_units)
+    return dispatch(ctx, [w.name for w in loads], worker_loads=loads, on_units=on_units, max_units=max_units)
 
 
 def send_units(units: list[DispatchedUnit]) -> None:
@@ -42,8 +52,11 @@ def send_units(units: list[DispatchedUnit]) -> None:
         run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
 
 
-def dispatch_and_send(ctx: AppContext, incarnation: str | None = None) -> int:
-    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too).
+def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no: int | None = None) -> int:
+    """Dispatch under the dispatch lock and send each unit (the sweep calls this for lost dispatches too, with
+    no round: the whole plan). A dispatch task runs in rounds: when a round left pending work, the next round
+    goes to the task queue behind the units just sent, so a worker with one slot (the solo pool) runs units
+    between rounds instead of after the whole plan, and no round outlives the lock.
     A lock that stays held past its wait is not an error: its holder is planning what is pending, and the
     sweep dispatches whatever arrived after (50 submits at once on 2 cores kept one dispatcher busy > 120 s)."""
     lock = open_registry(ctx.settings).dispatch_lock()
@@ -51,21 +64,47 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None) -> int:
     if not lock.acquire(token=incarnation):
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
         return 0
+    sent: list[DispatchedUnit] = []
+
+    def send_and_renew(batch: list[DispatchedUnit]) -> None:
+        send_units(batch)  # each batch sent once committed: the first run early
+        sent.extend(batch)
+        # renewed at each committed batch, so a long dispatch keeps it (a 705 s one outlived its 600 s and the
+        # sweep dispatched beside it); a wedged one stops renewing and loses it
+        try:
+            lock.reacquire()
+        except LockNotOwnedError as exc:
+            raise DispatchLockLost() from exc
+
     try:
-        units = dispatch_units(ctx, on_units=send_units)  # each batch sent once committed: the first run early
+        dispatch_units(ctx, on_units=send_and_renew, max_units=round_units(round_no))
+    except DispatchLockLost:  # claims stay safe without it (one transaction each); the holder plans the rest
+        log.warning("dispatch stopped after %d units: its lock expired and another dispatcher may hold it", len(sent))
+        return len(sent)
     finally:
         try:
             lock.release()
         except LockError:  # held past its timeout: it has expired by itself
             pass
-    log.info("dispatched %d units", len(units))
-    return len(units)
+    log.info("dispatched %d units (round %s)", len(sent), round_no)
+    # a round that planned nothing stops (what it could not plan is left to the sweep): rounds always progress
+    if round_no is not None and sent and more_pending(ctx):
+        next_round(round_no + 1)
+    return len(sent)
+
+
+def next_round(round_no: int) -> None:
+    dispatch_task.apply_async(args=[round_no], queue=SHARED_QUEUE)
+
+
+class DispatchLockLost(Exception):
+    """The dispatch lock expired under a running dispatch: it stops at the batch it just sent."""
 
 
 @app.task(name=DISPATCH_TASK)
-def dispatch_task() -> int:
+def dispatch_task(round_no: int = 0) -> int:
     process = this_process()
-    return dispatch_and_send(process.ctx, process.incarnation)
+    return dispatch_and_send(process.ctx, process.incarnation, round_no)
 
 
 @app.task(name=RUN_UNIT_TASK, bind=True)

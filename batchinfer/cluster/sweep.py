@@ -3,7 +3,8 @@
 Units running on a worker that is dead, restarted (another incarnation) or alive but running something
 else are rerun; units past their time limit too; queued units with no message in the broker are sent
 again; units released for an outage (jobs.outage) are sent again once a probe finds their service
-answering; pending requests nobody dispatched are dispatched. Then the job-state half (jobs.lifecycle):
+answering; requests planned or running in no live unit go back to pending (never failed); pending requests
+nobody dispatched are dispatched. Then the job-state half (jobs.lifecycle):
 expiry, cancels, finalize and its retries. A unit that failed max_attempts times fails its requests;
 runs released for an outage are not failures.
 
@@ -55,6 +56,7 @@ class Sweep:
     resent: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     dispatched: bool = False
+    requeued: int = 0  # requests planned or running in no live unit, put back to pending
     jobs: lifecycle.JobSweep | None = None
 
 
@@ -88,6 +90,7 @@ def sweep(ctx: AppContext, registry: WorkerRegistry, hooks: SweepHooks, now: flo
     answering = _probe_outages(ctx)
     for unsent in _unsent_units(ctx, registry, now, answering):
         _rerun(ctx, hooks, unsent, done, expect=UnitStatus.QUEUED)
+    done.requeued = units.requeue_orphans(ctx, now, ctx.settings.worker_ttl_s)
     if _undispatched(ctx, now):
         hooks.dispatch()
         done.dispatched = True

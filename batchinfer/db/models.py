@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import StrEnum, nonmember
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, CheckConstraint, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -89,13 +89,18 @@ class Job(Base):
     cache_scope: Mapped[str] = mapped_column(String(128), default="local", server_default="local")
 
 
+OPEN_NEEDS_UNIT = "status NOT IN ('planned', 'running') OR unit_id IS NOT NULL"
+
+
 class Request(Base):
     """One valid input line of a job; `index` is its position among the job's valid lines."""
 
     __tablename__ = "requests"
     # (job_id, status, index): a move of one request is a one-row lookup on either index (migration 0009)
+    # a planned or running request names its unit: the state a lost claim once left (migration 0013) is refused
     __table_args__ = (Index("ix_requests_unit", "unit_id", "unit_pos"),
-                      Index("ix_requests_job_status_index", "job_id", "status", "index"))
+                      Index("ix_requests_job_status_index", "job_id", "status", "index"),
+                      CheckConstraint(OPEN_NEEDS_UNIT, name="ck_requests_open_has_unit"))
 
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     index: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from sqlalchemy import distinct, func, select
+from sqlalchemy import distinct, exists, func, select
 from sqlalchemy.orm import Session
 
 from batchinfer.jobs import storage_keys
@@ -55,13 +55,18 @@ INPUT_WRITERS = 8  # unit inputs go up this many at once: each is a small PUT, m
 
 def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: PlannerConfig | None = None,
              worker_loads: list[WorkerLoad] | None = None,
-             on_units: Callable[[list[DispatchedUnit]], None] | None = None) -> list[DispatchedUnit]:
-    """Plan every pending request into units, persist them, and return them in planner order.
+             on_units: Callable[[list[DispatchedUnit]], None] | None = None,
+             max_units: int | None = None) -> list[DispatchedUnit]:
+    """Plan every pending request into units, persist them (the first max_units of the plan only, when given:
+    the rest stays pending for the next round), and return them in planner order.
 
     No lock is held across I/O: the plan is made from a snapshot, each unit's input is written to storage
     first, then its requests are claimed (FOR UPDATE SKIP LOCKED, still pending, job still runnable) and
     the units committed a batch at a time. A request another dispatcher or a cancel took meanwhile is
     skipped: a unit holds only the requests it claimed.
+
+    A round (max_units) plans everything, so its units are the ones the whole plan runs first; a later round
+    plans what is left again, and a prefix group cut by a round still groups then.
 
     With worker_loads (the registry's view), the whole plan is routed at once (route_units);
     otherwise each unit goes through choose_queue on the live worker names. on_units sees each batch of
@@ -87,7 +92,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         queues += _route(model_plans, model, live_workers or [], worker_loads)
         models += [model] * len(model_plans)
     levels = service_levels(plans, served, {j: job.priority for j, job in jobs.items()})
-    planned = list(zip(plans, queues, levels, models))
+    planned = list(zip(plans, queues, levels, models))[:max_units]
     units = []
     with ThreadPoolExecutor(INPUT_WRITERS, thread_name_prefix="unit-input") as writers:
         for start in range(0, len(planned), UNITS_PER_COMMIT):
@@ -150,14 +155,43 @@ def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[
     """Stream each job's prepared file, keeping only the pending requests."""
     found = {}
     for job_id, indices in pending.items():
-        with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-            for raw in stream:
+        ordered = _in_order(ctx, job_id, indices)
+        found.update(ordered if ordered is not None else _whole(ctx, job_id, indices))
+    return found
+
+
+def _in_order(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest] | None:
+    """Validation writes request `index` on line `index`: only the pending lines are parsed (a later dispatch
+    round reads the file again for what is left). None when a line it read holds another index: a pending
+    request not on its own line leaves that line, which is read, holding another."""
+    found = {}
+    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
+        for position, raw in enumerate(stream):
+            if position in indices:
                 req = PreparedRequest.from_json(raw)
-                if req.index in indices:
-                    found[job_id, req.index] = req
+                if req.index != position:
+                    return None
+                found[job_id, position] = req
+    return found
+
+
+def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
+    found = {}
+    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
+        for raw in stream:
+            req = PreparedRequest.from_json(raw)
+            if req.index in indices:
+                found[job_id, req.index] = req
     return found
 
 
 def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int, model: str) -> DispatchedUnit | None:
     claimed = units.plan_unit(session, unit_id, plan, queue, model)
     return DispatchedUnit(unit_id, queue, claimed, level) if claimed else None
+
+
+def more_pending(ctx: AppContext) -> bool:
+    """Pending requests of a runnable job: what a further dispatch round would plan."""
+    pending = exists().where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
+    with ctx.sessions() as session:
+        return bool(session.scalar(select(exists().where(Job.status.in_(JobStatus.RUNNABLE), pending))))

@@ -36,6 +36,7 @@ class UnitOutcome:
     finalized_jobs: tuple[str, ...] = ()
     prefix_key: str = ""
     work_tokens: int = 0  # uncached prompt + completion tokens this run computed
+    unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
 
 
 OnResult = Callable[[GenerationResult], None]
@@ -62,7 +63,7 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:
-        jobs = sorted({job_id for job_id, _ in to_run} | units.jobs_of_unit(ctx, unit_id))
+        jobs = sorted(({job_id for job_id, _ in to_run} | units.jobs_of_unit(ctx, unit_id)) - outcome.unfinished_jobs)
         # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
         outcome.finalized_jobs = tuple(j for j in jobs if ending.try_finalize(ctx, j))
     return outcome
@@ -157,7 +158,8 @@ def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records) ->
     committed = units.commit_unit(ctx, unit_id, result_key, records)
     if committed is None:
         return UnitOutcome(unit_id, committed=False)
-    return UnitOutcome(unit_id, committed=True, completed=committed.completed, failed=committed.failed)
+    return UnitOutcome(unit_id, committed=True, completed=committed.completed, failed=committed.failed,
+                       unfinished_jobs=committed.unfinished_jobs)
 
 
 def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:

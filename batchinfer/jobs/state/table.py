@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import bindparam, or_, text, update
 
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 
@@ -52,6 +52,8 @@ CANCEL_ORPHANED = Transition("cancel orphaned (no unit runs it)", "request", (R.
 CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
 EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
 RELEASE_REQUEST = Transition("release (its unit waits out an outage)", "request", (R.RUNNING,), R.PLANNED)
+# no live unit holds it (its unit is gone or finished without it): back to pending, for the next dispatch
+REQUEUE_ORPHAN = Transition("requeue orphaned (no live unit holds it)", "request", (R.PLANNED, R.RUNNING), R.PENDING)
 
 # work units
 PLAN_UNIT = Transition("plan", "unit", (), U.QUEUED)
@@ -64,7 +66,7 @@ RELEASE_UNIT = Transition("release (a service it needs stayed down)", "unit", (U
 TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
                EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
                FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, CANCEL_RUNNING, EXPIRE_RUNNING,
-               RELEASE_REQUEST, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
+               RELEASE_REQUEST, REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
 
 
 class Refused(Exception):
@@ -77,6 +79,38 @@ def statement(t: Transition, *where, **values):
     in_state = or_(*(model.status == s for s in t.current_states))
     return (update(model).where(in_state, *where).values(status=t.next_state, **values)
             .execution_options(synchronize_session=False))
+
+
+def move_each(session, t: Transition, rows: list[tuple], per_row: tuple[str, ...] = (), **values) -> int:
+    """`t` on each request of `rows` ((job id, index, *one int per name in per_row)), setting those columns
+    per row and `values` on all; returns how many moved. PostgreSQL: one UPDATE ... FROM unnest(arrays), the
+    same statement text whatever the count (prepared once; an executemany costs a statement a row);
+    elsewhere (SQLite) an executemany, whose count is not reliable on every driver: -1."""
+    if not rows:
+        return 0
+    assert t.subject == "request"
+    if session.get_bind().dialect.name == "postgresql":
+        return session.execute(_unnest_update(t, per_row, tuple(sorted(values))),
+                               {"_states": list(t.current_states), "_next": t.next_state, "_j": [r[0] for r in rows],
+                                "_jobs": sorted({r[0] for r in rows}),
+                                "_i": [r[1] for r in rows], **{f"_{n}": [r[2 + k] for r in rows] for k, n in enumerate(per_row)},
+                                **{f"_v_{n}": v for n, v in values.items()}}).rowcount
+    stmt = statement(t, Request.job_id == bindparam("_j"), Request.index == bindparam("_i"),
+                     **{name: bindparam(f"_{name}") for name in per_row}, **values)
+    session.connection().execute(stmt, [{"_j": r[0], "_i": r[1], **{f"_{n}": v for n, v in zip(per_row, r[2:])}}
+                                        for r in rows])
+    return -1
+
+
+def _unnest_update(t: Transition, per_row: tuple[str, ...], fixed: tuple[str, ...]):
+    sets = ", ".join(["status = :_next", *(f"{n} = given.{n}" for n in per_row), *(f"{n} = :_v_{n}" for n in fixed)])
+    arrays = ", ".join(["CAST(:_j AS varchar[])", "CAST(:_i AS integer[])", *(f"CAST(:_{n} AS integer[])" for n in per_row)])
+    names = ", ".join(["j", "i", *per_row])
+    # the ANY terms repeat the join: they give the planner the primary key's index on requests whatever the
+    # statistics say (stale ones, from before a job's rows moved, made it scan the table once per statement)
+    return text(f"UPDATE requests SET {sets} FROM unnest({arrays}) AS given({names}) "
+                f"WHERE requests.job_id = given.j AND requests.index = given.i AND requests.status = ANY(:_states) "
+                f"AND requests.job_id = ANY(CAST(:_jobs AS varchar[])) AND requests.index = ANY(CAST(:_i AS integer[]))")
 
 
 def move(session, t: Transition, *where, **values) -> int:

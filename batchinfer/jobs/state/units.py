@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
@@ -35,6 +35,8 @@ class StartedUnit:
 class CommittedUnit:
     completed: int
     failed: int
+    # jobs whose counts, after this commit, still leave requests open: no finalize to try for them yet
+    unfinished_jobs: frozenset[str] = frozenset()
 
 
 def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
@@ -57,10 +59,51 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | No
                          shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
                          input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now))
     session.flush()
-    stmt = T.statement(T.PLAN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
-                       unit_id=unit_id, unit_pos=bindparam("p"))
-    session.connection().execute(stmt, [{"j": j, "i": i, "p": wanted[j, i]} for j, i in claimed])
+    held = T.move_each(session, T.PLAN_REQUEST, [(j, i, wanted[j, i]) for j, i in claimed], ("unit_pos",),
+                       unit_id=unit_id)
+    # the unit must hold exactly what it claimed: anything else rolls the whole batch back (nothing half-planned)
+    if held < 0:
+        held = session.scalar(select(func.count()).select_from(Request).where(Request.unit_id == unit_id))
+    if held != len(claimed):
+        raise ClaimMismatch(f"unit {unit_id} claimed {len(claimed)} requests but holds {held}")
     return len(claimed)
+
+
+class ClaimMismatch(RuntimeError):
+    """A unit's claim did not move every request it locked: its transaction is rolled back, nothing planned."""
+
+
+def requeue_orphans(ctx: AppContext, now: float, grace_s: float) -> int:
+    """Requests of a stalled runnable job (queued over `grace_s` ago, some request planned or running, none of
+    them in a queued or running unit) that no live unit holds (no unit, or a unit that finished without them over
+    `grace_s` ago: a claim or a commit that went wrong) go back to pending, for the next dispatch; never failed.
+    Such a state is never one a dispatcher or a commit leaves visible mid-way (each is one transaction). Jobs
+    first: each sweep looks at a few job rows, not at every open request. A finished unit cannot commit again
+    (the fence): nothing counts twice."""
+    with ctx.sessions() as session:
+        stalled = list(session.scalars(select(Job.id).where(
+            Job.status.in_(JobStatus.RUNNABLE), Job.queued_at < now - grace_s, _open_rows(), ~_open_rows(live=True))))
+    if not stalled:
+        return 0
+    unit_done = exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.DONE,
+                               WorkUnit.finished_at < now - grace_s)
+
+    def work(session) -> int:
+        return T.move(session, T.REQUEUE_ORPHAN, Request.job_id.in_(stalled), or_(Request.unit_id.is_(None), unit_done),
+                      unit_id=None, unit_pos=None)
+
+    moved = retrying(ctx.sessions, work)
+    if moved:
+        log.warning("%d requests were planned or running in no live unit: back to pending, dispatched again", moved)
+    return moved
+
+
+def _open_rows(live: bool = False):
+    """Some request of the job is planned or running (in a queued or running unit, with `live`)."""
+    held = exists().where(Request.job_id == Job.id, Request.status.in_(T.REQUEUE_ORPHAN.current_states))
+    if live:
+        held = held.where(WorkUnit.id == Request.unit_id, WorkUnit.status.in_((UnitStatus.QUEUED, UnitStatus.RUNNING)))
+    return held
 
 
 def start_unit(ctx: AppContext, unit_id: str, worker: str, incarnation: str | None = None) -> StartedUnit | None:
@@ -82,10 +125,13 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     for job_id in sorted({j for j, _ in to_run}):
         T.move(session, T.START_JOB, Job.id == job_id, now=now)
     # The state condition matters: a cancel that committed while this waited for the row keeps its
-    # `cancelled` (already counted as failed); without it the request ran and was counted twice.
-    stmt = T.statement(T.RUN_REQUEST, Request.job_id == bindparam("j"), Request.index == bindparam("i"))
-    if to_run:
-        session.connection().execute(stmt, [{"j": j, "i": i} for j, i in sorted(to_run)])
+    # `cancelled` (already counted as failed); without it the request ran and was counted twice. One
+    # statement a job, on its primary key (a plan on the status index, from stale statistics, scans the job).
+    by_job: dict[str, list[int]] = defaultdict(list)
+    for job_id, index in sorted(to_run):
+        by_job[job_id].append(index)
+    for job_id, indexes in by_job.items():
+        T.move(session, T.RUN_REQUEST, Request.job_id == job_id, Request.index.in_(indexes), Request.unit_id == unit_id)
     return StartedUnit(unit.attempts, to_run, unit.prefix_key)
 
 
@@ -117,18 +163,17 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
     records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
     for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
-        batch = [{"j": j, "i": i, "p": rec.prompt_tokens, "c": rec.completion_tokens, "k": rec.cached_tokens}
+        batch = [(j, i, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
                  for (j, i), rec in sorted(records.items()) if rec.ok == ok]
-        if batch:
-            stmt = T.statement(t, Request.job_id == bindparam("j"), Request.index == bindparam("i"),
-                               prompt_tokens=bindparam("p"), completion_tokens=bindparam("c"), cached_tokens=bindparam("k"))
-            session.connection().execute(stmt, batch)
-    _add_to_job_counts(session, records)
+        T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
+    unfinished = _add_to_job_counts(session, records)
     n_ok = sum(1 for r in records.values() if r.ok)
-    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok)
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished)
 
 
-def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
+def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:
+    """Add the records to their jobs' counts; returns the jobs that still count fewer finished than total (the
+    counts are a hint: a finalize decides on the rows, and the sweep finalizes what a wrong hint skipped)."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for (job_id, _), rec in records.items():
         t = totals[job_id]
@@ -136,10 +181,15 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> None:
         t[2] += rec.prompt_tokens
         t[3] += rec.completion_tokens
         t[4] += rec.cached_tokens
+    unfinished = set()
     for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
-        session.execute(update(Job).where(Job.id == job_id).values(
+        counts = session.execute(update(Job).where(Job.id == job_id).values(
             completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
-            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached))
+            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached)
+            .returning(Job.total, Job.completed, Job.failed)).first()
+        if counts is not None and counts.completed + counts.failed < counts.total:
+            unfinished.add(job_id)
+    return frozenset(unfinished)
 
 
 def stop_running(ctx: AppContext, unit_id: str, attempt: int, job_id: str, indexes: list[int], expired: bool) -> int:
