@@ -57,7 +57,7 @@ def worker_start_up(work: Path, postgres: str, repeat: int, timeout_s: float = 6
 def _one_worker(cluster, work: Path, i: int, timeout_s: float) -> dict:
     from batchinfer.db.models import JobStatus
     from batchinfer.jobs import service
-    from .services import start_cli, stop
+    from .support.services import start_cli, stop
 
     (work / "one.jsonl").write_text(ONE_REQUEST)
     submitted = subprocess.run([sys.executable, "-m", "batchinfer.cli", "submit", str(work / "one.jsonl")],

@@ -3,6 +3,7 @@ seconds at every start. Timings are the bench's (`batchinfer bench process -w si
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,12 @@ def test_run_of_one_request_imports_torch_but_no_service_client_alembic_or_trans
     rc, modules = _imported(env, "run", str(requests), "-o", str(tmp_path / "out.jsonl"))
     assert rc in (0, None) and (tmp_path / "out.jsonl").read_text().count("\n") == 1
     assert "torch" in modules and modules & NEVER_ON_RUN == set()
+
+
+def test_the_cli_lets_openmp_threads_sleep_unless_the_user_chose_a_wait_policy():
+    # set before torch loads libgomp, which reads it once (docs/benchmarks.md, "OpenMP wait policy")
+    show = "import os, batchinfer.cli; print(os.environ['OMP_WAIT_POLICY'])"
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
+        out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == expected, out.stderr

@@ -36,6 +36,9 @@ class EngineConfig:
     # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own Q4_1/Q8_0 blocks; "q8_0": quantized at
     # load; "auto": "gguf" on CPU where the checkpoint and CPU allow, else dense (quant_weights.load_quant)
     weight_format: str = "dense"
+    # where the engine keeps what it measures of this machine (the invariance probe's row pad, probe_cache.py);
+    # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
+    cache_dir: str | None = None
 
     def __post_init__(self):
         try:

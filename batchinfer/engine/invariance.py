@@ -4,14 +4,17 @@ GEMM libraries choose kernels by the shape they are given, and the choice is the
 library version, thread count), so the pad is measured here, on the model's own weight shapes and dtype,
 rather than assumed: the smallest candidate under which every probed row count gives each row bitwise the
 result it has in a larger call, and under which the chunked attention gives a query the same output
-whatever else shares its batch.
+whatever else shares its batch. The answer is kept in the model cache (probe_cache.py), keyed on what
+decides it, so a warm start on the same machine and torch does not probe again.
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
+from . import probe_cache
 from .attention.chunked import CHUNK, attend_chunks
 from .layers.linear import linear, pad_rows
 
@@ -23,24 +26,45 @@ REFERENCE_ROWS = 20
 _probed: dict[tuple, int] = {}  # one probe per process for each set of shapes
 
 
-def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int) -> int:
-    """The smallest row pad under which every weight shape (one of each) and the attention are invariant."""
+def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int, cache_dir: str | Path | None = None) -> int:
+    """The smallest row pad under which every weight shape (one of each) and the attention are invariant;
+    read from cache_dir when this machine, torch and these shapes were probed before."""
     shapes: dict[tuple, torch.Tensor] = {}
     for w in weights:
         shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
-    key = (tuple(shapes), head_dim, group, torch.get_num_threads())
+    key = (tuple(shapes), head_dim, group, torch.get_num_threads(), cache_dir)
     if key not in _probed:
-        _probed[key] = _probe(list(shapes.values()), head_dim, group)
+        _probed[key] = _cached_probe(list(shapes.values()), head_dim, group, cache_dir)
     return _probed[key]
 
 
-def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> int:
+def _cached_probe(weights: list[torch.Tensor], head_dim: int, group: int, cache_dir: str | Path | None) -> int:
+    if cache_dir is None:
+        return _probe(weights, head_dim, group)[0]
+    key = probe_cache.probe_key([(tuple(w.shape), w.dtype, w.device) for w in weights], head_dim, group)
+    path = probe_cache.cache_file(cache_dir, key)
+    stored = probe_cache.load(path, key)
+    if stored is not None:
+        if not stored.get("invariant"):
+            _warn_not_invariant()
+        return stored["row_pad"]
+    pad, invariant = _probe(weights, head_dim, group)
+    probe_cache.save(path, key, pad, invariant)
+    return pad
+
+
+def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> tuple[int, bool]:
+    """(pad, whether it is invariant): the largest candidate, with a warning, when none is."""
     for pad in ROW_PAD_CANDIDATES:
         if all(_linear_invariant(w, pad) for w in weights) and _attention_invariant(head_dim, group, pad):
-            return pad
+            return pad, True
+    _warn_not_invariant()
+    return ROW_PAD_CANDIDATES[-1], False
+
+
+def _warn_not_invariant() -> None:
     log.warning("no row pad in %s made the matmuls batch-invariant on this machine; outputs may depend on the batch",
                 ROW_PAD_CANDIDATES)
-    return ROW_PAD_CANDIDATES[-1]
 
 
 def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:

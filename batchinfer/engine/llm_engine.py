@@ -51,6 +51,8 @@ class LLMEngine:
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
                         config: EngineConfig | None = None) -> LLMEngine:
         config = config or EngineConfig()
+        if config.cache_dir is None:  # the model cache also keeps what the engine measures of this machine
+            config = replace(config, cache_dir=str(cache_dir))
         return cls(load_model_light(model_path, cache_dir, config.torch_dtype, config.weight_format), config)
 
     # the request API -------------------------------------------------------------------------------
