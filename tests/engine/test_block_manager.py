@@ -96,6 +96,16 @@ def test_can_allocate_counts_locked_cache_hits_as_unavailable():
     assert bm.can_allocate(b, 4, hits)
 
 
+def _decode_one(bm: BlockManager, seq: Sequence, token: int) -> None:
+    """A decode step of one sequence, as the scheduler makes it: the token is kept only if its slot fits."""
+    seq.token_ids.append(token)
+    if bm.can_allocate(seq, 1):
+        bm.allocate_slots(seq, 1)
+        seq.num_computed_tokens += 1
+    else:
+        seq.token_ids.pop()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_random_operations_keep_integrity(seed):
     rng = random.Random(seed)
@@ -115,13 +125,7 @@ def test_random_operations_keep_integrity(seed):
                 seq.num_computed_tokens = len(seq)
                 live.append(seq)
         elif op < 0.75 and live:
-            seq = rng.choice(live)
-            seq.token_ids.append(rng.randrange(5))
-            if bm.can_allocate(seq, 1):
-                bm.allocate_slots(seq, 1)
-                seq.num_computed_tokens += 1
-            else:
-                seq.token_ids.pop()
+            _decode_one(bm, rng.choice(live), rng.randrange(5))
         elif live:
             seq = live.pop(rng.randrange(len(live)))
             bm.free(seq)
@@ -184,13 +188,7 @@ def test_random_operations_with_forks_keep_integrity(seed):
             bm.fork(parent, child)
             live.append(child)
         elif op < 0.8 and live:
-            seq = rng.choice(live)
-            seq.token_ids.append(rng.randrange(5))
-            if bm.can_allocate(seq, 1):
-                bm.allocate_slots(seq, 1)
-                seq.num_computed_tokens += 1
-            else:
-                seq.token_ids.pop()
+            _decode_one(bm, rng.choice(live), rng.randrange(5))
         elif live:
             bm.free(live.pop(rng.randrange(len(live))))
         bm.take_copies()
