@@ -15,19 +15,13 @@ from benchmarks.support.services import free_port, start_cli, stop
 
 
 @pytest.fixture
-def cluster_server(tmp_path, model_cache, postgres_server, redis_server, s3_server, s3_bucket):
+def cluster_server(tmp_path, model_cache, postgres_url, redis_server, s3_server, s3_bucket):
     """(base URL, the flooding key's headers, the other key's), with one worker live."""
-    import psycopg
-
     from batchinfer.cluster.registry import open_registry
     from batchinfer.settings import Settings
 
-    db = f"batchinfer_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{db}"')
-    db_url = postgres_server.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{db}"
     broker, prefix = f"{redis_server}/0", f"bitest-{uuid.uuid4().hex[:8]}:"
-    env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=db_url,
+    env = cli_env(tmp_path, model_cache, BATCHINFER_DATABASE_URL=postgres_url,
                   BATCHINFER_STORAGE_URL=f"s3://{s3_bucket}/fair-{uuid.uuid4().hex[:8]}",
                   BATCHINFER_BROKER_URL=broker, BATCHINFER_BROKER_PREFIX=prefix, BATCHINFER_API_ESTIMATE_WAIT_S="5",
                   BATCHINFER_VALIDATION_STALE_S="600", **s3_server)  # no sweep hands a queued validation on early
@@ -52,8 +46,6 @@ def cluster_server(tmp_path, model_cache, postgres_server, redis_server, s3_serv
         stop(worker)
         for log in ("server.log", "worker.log"):
             assert "Traceback" not in (tmp_path / log).read_text(errors="replace"), f"traceback in {log}"
-        with psycopg.connect(postgres_server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
 def test_one_keys_flood_does_not_hold_back_another_keys_one_line_batch_on_the_workers(cluster_server):
