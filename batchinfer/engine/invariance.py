@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 ROW_PAD_CANDIDATES = (1, 4, 8, 16, 32)
 PROBE_ROWS = (1, 2, 3, 5, 6, 7, 9, 13, 17)  # row counts around the multiples of 4 and 8
 REFERENCE_ROWS = 20
+# cuBLAS changes fp32 kernels at larger row counts than oneDNN (seen on an H200: dtype.py); a GPU probes them too
+CUDA_PROBE_ROWS = PROBE_ROWS + (33, 64, 65, 128, 129, 300)
+CUDA_REFERENCE_ROWS = 512
 _probed: dict[tuple, int] = {}  # one probe per process for each set of shapes
 
 
@@ -73,9 +76,11 @@ def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tens
 
 
 def _linear_invariant(weight: torch.Tensor, pad: int) -> bool:
-    x = _randn(REFERENCE_ROWS + 3, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    cuda = weight.device.type == "cuda"
+    x = _randn((CUDA_REFERENCE_ROWS if cuda else REFERENCE_ROWS) + 3, weight.shape[1], dtype=weight.dtype,
+               device=weight.device)
     want = linear(x, weight, pad)
-    for rows in PROBE_ROWS:
+    for rows in CUDA_PROBE_ROWS if cuda else PROBE_ROWS:
         offset = rows % 4  # a row's place in the call must not matter either
         if not torch.equal(linear(x[offset:offset + rows], weight, pad), want[offset:offset + rows]):
             return False

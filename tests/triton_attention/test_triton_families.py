@@ -6,6 +6,7 @@ from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.loader import load_model
 from tests.engine.test_model_families import family_prompts, hf_reference, run_engine
 from tests.engine.tiny_families import build_family_checkpoint
+from tests.triton_attention.conftest import DEVICE
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
@@ -16,6 +17,6 @@ def test_triton_backend_runs_windowed_and_softcapped_families_exactly(family, tm
     reference.config._attn_implementation = "eager"
     want, _ = hf_reference(reference, prompts)
     config = EngineConfig(attention_backend="triton", max_num_seqs=4, max_num_batched_tokens=32,
-                          kv_cache_bytes=8 << 20)
+                          kv_cache_bytes=8 << 20, device=DEVICE)
     engine = LLMEngine.from_pretrained(str(folder), tmp_path / "cache", config)
     assert [r.output_token_ids for r in run_engine(engine, prompts, "triton")] == want

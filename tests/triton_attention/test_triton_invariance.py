@@ -15,8 +15,8 @@ def _step(q_all, starts, k_cache, v_cache, tables, picks, **kw):
     Returns each pick's output rows [seq_len - first, heads, dim]."""
     rows = torch.cat([q_all[starts[s] + first: starts[s] + end] for s, first, end in picks])
     q_lens = [end - first for _, first, end in picks]
-    cu = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor([end for _, _, end in picks], dtype=torch.int32)
+    cu = torch.tensor([0] + q_lens, device=q_all.device).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor([end for _, _, end in picks], dtype=torch.int32, device=q_all.device)
     out = extend_attention(rows, k_cache, v_cache, cu, seq_lens, tables[[s for s, _, _ in picks]], max(q_lens),
                            q_all.shape[-1] ** -0.5, **kw)
     return [out[cu[i]:cu[i + 1]] for i in range(len(picks))]
