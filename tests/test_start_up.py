@@ -61,6 +61,10 @@ def test_the_cli_ends_without_the_interpreters_teardown_once_atexit_handlers_ran
         assert "atexit ran" in out.stderr and "torn down" not in out.stderr
     assert json.loads(subprocess.run([sys.executable, "-c", probe, "list", "--json"], env=env, capture_output=True,
                                      text=True, timeout=300).stdout) == []  # stdout (a pipe) was flushed
+    # under a profiler the normal exit is taken: cProfile writes its file after the command returns
+    profiled = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(tmp_path / "list.prof"), "-m", "batchinfer.cli",
+                               "list"], env=env, capture_output=True, text=True, timeout=300)
+    assert profiled.returncode == 0 and (tmp_path / "list.prof").stat().st_size > 0, profiled.stderr
 
 
 def test_the_cli_lets_openmp_threads_sleep_unless_the_user_chose_a_wait_policy():

@@ -22,9 +22,10 @@ def main() -> None:
 
 def exit_now(code: object) -> None:
     """sys.exit(code), less the teardown: non-daemon threads are waited for (a normal exit is taken while any
-    runs), atexit handlers run (logging's flush among them), database connections close, stdout and stderr
-    are flushed (a failed flush takes the normal exit, which reports it as it always has)."""
-    if not (code is None or isinstance(code, int)) or _threads_to_wait_for():
+    runs, or under a profiler or tracer: `python -m cProfile` writes its file after the command returns), atexit
+    handlers run (logging's flush among them), database connections close, stdout and stderr are flushed (a
+    failed flush takes the normal exit, which reports it as it always has)."""
+    if not (code is None or isinstance(code, int)) or _threads_to_wait_for() or sys.getprofile() or sys.gettrace():
         raise SystemExit(code)
     atexit._run_exitfuncs()
     _close_databases()
