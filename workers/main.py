@@ -8,6 +8,7 @@ A second thread delivers the webhook outbox (batchinfer.jobs.webhooks.delivery).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import warnings
 
@@ -67,5 +68,19 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
     def _shutdown(**_):
         this_process().stop()
 
-    app.worker_main(["worker", "--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
-                     "--loglevel", loglevel, "--without-gossip", "--without-mingle"])
+    _celery_worker(app, ["--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
+                         "--loglevel", loglevel, "--without-gossip", "--without-mingle"])
+
+
+def _celery_worker(app, args: list[str]) -> None:
+    """`celery worker ARGS`, its own click command called without Celery's command group (what
+    `app.worker_main` goes through): the group imports every subcommand, the amqp shell's prompt_toolkit among
+    them, and scans the installed packages' entry points for plugins, about 0.15 s of CPU at each start
+    (docs/benchmarks.md, "Start-up, fourth pass"). The context is the one the group makes; the group's environment
+    overrides (APP, BROKER_URL, RESULT_BACKEND, ...) are not read: the BATCHINFER_ settings name the broker."""
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker
+
+    no_color = os.environ.get("NO_COLOR", "").strip().lower() not in ("", "0", "false", "f", "no", "n", "off")
+    worker.main(args=args, prog_name="celery worker", standalone_mode=False,
+                obj=CLIContext(app=app, no_color=no_color, workdir=None, quiet=False))

@@ -1,4 +1,4 @@
 """`python -m batchinfer.cli`: the same CLI as the `batchinfer` command."""
-from batchinfer.cli.app import app
+from batchinfer.cli.main import main
 
-app(prog_name="batchinfer")
+main()

@@ -44,6 +44,12 @@ def dispose(url: str) -> None:
         engine.dispose()
 
 
+def dispose_all() -> None:
+    """Close every engine's pooled connections (the CLI does at exit: it skips the interpreter's teardown)."""
+    for url in list(_engines):
+        dispose(url)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
