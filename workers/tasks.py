@@ -191,6 +191,13 @@ def trigger_dispatch(countdown: float | None = None) -> None:
     dispatch_task.apply_async(countdown=delay, queue=SHARED_QUEUE)
 
 
+def stream_dispatch() -> None:
+    """Asked by a validation (settings.stream_dispatch) once its first rows are committed: a dispatch in rounds
+    that plans the full units of the file so far; each round that sent some queues the next, and the queue
+    move asks for the dispatch that plans the rest."""
+    dispatch_task.apply_async(args=[0], queue=SHARED_QUEUE)
+
+
 VALIDATE_TASK = "batchinfer.validate_job"
 ESTIMATE_TASK = "batchinfer.estimate"
 FAIR_TASK = "batchinfer.fair_work"
@@ -201,7 +208,7 @@ def validate_job_task(job_id: str) -> str:
     """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
     and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
     try:
-        status = validate_job(this_process().ctx, job_id).status
+        status = validate_job(this_process().ctx, job_id, on_rows=stream_dispatch).status
     except ValidationDeferred as exc:  # kept `validating`: the sweep hands it on again once storage is back
         log.warning("%s (%s)", exc, deferred_cause(exc))
         return JobStatus.VALIDATING
