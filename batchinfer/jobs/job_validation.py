@@ -59,9 +59,9 @@ def _validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | No
     except state.ValidationSuperseded:
         return _get(ctx, job_id)
     job = state.finish_validation(ctx, job_id, token, report, _runs(job, report))
-    if job.status == JobStatus.QUEUED:
+    if job.status in (JobStatus.QUEUED, JobStatus.IN_PROGRESS):
         _refresh_statistics(ctx, report.valid)
-    elif job.status == JobStatus.IN_PROGRESS:  # streamed: its units ran before the queue move, maybe all of them
+    if job.status == JobStatus.IN_PROGRESS:  # streamed: its units ran before the queue move, maybe all of them
         ending.try_finalize(ctx, job_id)
     return job
 
@@ -251,9 +251,10 @@ class _Rows:
             with self.ctx.storage.open_write(storage_keys.job_prepared_part(self.job_id, self.part)) as out:
                 out.write(b"".join(self.lines))
             self.lines.clear()
-        committed = bool(self.rows)
+        committed = len(self.rows)
         self._commit(self.rows)
-        if committed and not last and self.on_rows is not None:
+        if committed and not last and self.on_rows is not _no_more_asks:
+            _refresh_statistics(self.ctx, committed)  # the claims made on these rows plan on them (no empty job)
             on_rows, self.on_rows = self.on_rows, _no_more_asks
             try:  # a dispatch asked early; the queue move asks again, so a broker down here costs only the overlap
                 on_rows()

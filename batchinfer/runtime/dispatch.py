@@ -239,3 +239,11 @@ def more_pending(ctx: AppContext) -> bool:
     pending = exists().where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
     with ctx.sessions() as session:
         return bool(session.scalar(select(exists().where(Job.status.in_(dispatched_states(ctx)), pending))))
+
+
+def still_validating(ctx: AppContext) -> bool:
+    """With streaming, some job a dispatch plans is still validated (its file may bring more full units)."""
+    if not ctx.settings.stream_dispatch:
+        return False
+    with ctx.sessions() as session:
+        return bool(session.scalar(select(exists().where(Job.status == JobStatus.VALIDATING))))
