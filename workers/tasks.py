@@ -89,7 +89,10 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no:
     log.info("dispatched %d units (round %s)", len(sent), round_no)
     # a round that planned nothing stops (what it could not plan is left to the sweep): rounds always progress
     if round_no is not None and sent and more_pending(ctx):
-        next_round(round_no + 1, STREAM_ROUND_GAP_S if still_validating(ctx) else None)
+        if still_validating(ctx):
+            next_round(round_no + 1, STREAM_ROUND_GAP_S)
+        else:
+            next_round(round_no + 1)
     return len(sent)
 
 
