@@ -61,7 +61,9 @@ def _validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | No
     job = state.finish_validation(ctx, job_id, token, report, _runs(job, report))
     if job.status in (JobStatus.QUEUED, JobStatus.IN_PROGRESS):
         _refresh_statistics(ctx, report.valid)
-    if job.status == JobStatus.IN_PROGRESS:  # streamed: its units ran before the queue move, maybe all of them
+    if job.status == JobStatus.IN_PROGRESS or (job.status == JobStatus.QUEUED and ctx.settings.stream_dispatch):
+        # streamed: its units ran before the queue move, maybe all of them (QUEUED too: a unit that started while
+        # the move held the job row is not seen by it)
         ending.try_finalize(ctx, job_id)
     return job
 
