@@ -33,6 +33,7 @@ class PipelineOptions:
     storage: str = "s3"
     timeout_s: float = 1800.0
     keep: bool = False
+    stream: bool = False  # BATCHINFER_STREAM_DISPATCH: units start while the file is still validated
 
     def __post_init__(self):
         for name in ("requests", "workers", "system_prompts"):
@@ -47,6 +48,7 @@ def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
     progress(f"starting services and {options.workers} null-engine workers (work dir {work})")
     cluster = LoadCluster(work, options.postgres, options.redis, options.storage, options.keep)
     cluster.env["BATCHINFER_ENGINE"] = "null"  # the workers and the submit process; asked for by name
+    cluster.env["BATCHINFER_STREAM_DISPATCH"] = "1" if options.stream else "0"
     try:
         names = cluster.start_workers(options.workers, threads=1)
         return _measure(options, cluster, names, path, progress)

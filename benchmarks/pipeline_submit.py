@@ -14,14 +14,14 @@ def main(path: str) -> None:
     from batchinfer.jobs import service
     from batchinfer.jobs.job_validation import validate_job
     from batchinfer.settings import get_settings
-    from workers.tasks import trigger_dispatch
+    from workers.tasks import stream_dispatch, trigger_dispatch
 
     ctx = AppContext.create(get_settings(), migrate=False)
     imported = time.time()
     with open(path, "rb") as source:
         job = service.create_job(ctx, source=source, filename=Path(path).name)
     uploaded = time.time()
-    job = validate_job(ctx, job.id)
+    job = validate_job(ctx, job.id, on_rows=stream_dispatch)  # used with BATCHINFER_STREAM_DISPATCH only
     validated = time.time()
     trigger_dispatch()
     print(json.dumps({"job_id": job.id, "status": job.status, "started": started, "imported": imported,

@@ -12,7 +12,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus, WorkUnit
 from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import units
-from batchinfer.runtime.dispatch import DispatchedUnit, dispatch, more_pending
+from batchinfer.runtime.dispatch import DispatchedUnit, dispatch, more_pending, still_validating
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.cluster.registry import open_registry
@@ -89,12 +89,20 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no:
     log.info("dispatched %d units (round %s)", len(sent), round_no)
     # a round that planned nothing stops (what it could not plan is left to the sweep): rounds always progress
     if round_no is not None and sent and more_pending(ctx):
-        next_round(round_no + 1)
+        if still_validating(ctx):
+            next_round(round_no + 1, STREAM_ROUND_GAP_S)
+        else:
+            next_round(round_no + 1)
     return len(sent)
 
 
-def next_round(round_no: int) -> None:
-    dispatch_task.apply_async(args=[round_no], queue=SHARED_QUEUE)
+# a file still validated keeps a round chain going; a solo worker takes the shared queue's next round before the
+# units just sent (measured: 13 rounds back to back, one unit between them), so a round waits this long
+STREAM_ROUND_GAP_S = 2.0
+
+
+def next_round(round_no: int, countdown: float | None = None) -> None:
+    dispatch_task.apply_async(args=[round_no], queue=SHARED_QUEUE, countdown=countdown)
 
 
 class DispatchLockLost(Exception):
@@ -191,6 +199,13 @@ def trigger_dispatch(countdown: float | None = None) -> None:
     dispatch_task.apply_async(countdown=delay, queue=SHARED_QUEUE)
 
 
+def stream_dispatch() -> None:
+    """Asked by a validation (settings.stream_dispatch) once its first rows are committed: a dispatch in rounds
+    that plans the full units of the file so far; each round that sent some queues the next, and the queue
+    move asks for the dispatch that plans the rest."""
+    dispatch_task.apply_async(args=[0], queue=SHARED_QUEUE)
+
+
 VALIDATE_TASK = "batchinfer.validate_job"
 ESTIMATE_TASK = "batchinfer.estimate"
 FAIR_TASK = "batchinfer.fair_work"
@@ -201,7 +216,7 @@ def validate_job_task(job_id: str) -> str:
     """Validation off the API's request path (tokenizing needs the model's tokenizer, which workers hold),
     and of jobs the sweep found stuck in `validating` (a submit that crashed)."""
     try:
-        status = validate_job(this_process().ctx, job_id).status
+        status = validate_job(this_process().ctx, job_id, on_rows=stream_dispatch).status
     except ValidationDeferred as exc:  # kept `validating`: the sweep hands it on again once storage is back
         log.warning("%s (%s)", exc, deferred_cause(exc))
         return JobStatus.VALIDATING

@@ -246,7 +246,7 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
 
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid,
-                             on_created=created)
+                             on_created=created, on_rows=None if ctx.settings.embedded else _stream_dispatch)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json)
     if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
@@ -262,6 +262,13 @@ def submit(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"
         _summary(job)
     else:
         print(job.id)
+
+
+def _stream_dispatch() -> None:
+    """A big file's first rows are committed (settings.stream_dispatch): its first units may start now."""
+    from workers.tasks import stream_dispatch
+
+    stream_dispatch()
 
 
 def _dispatch_soon(job_id: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 import time
+from typing import Callable
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
@@ -17,7 +18,7 @@ from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
 from batchinfer.jobs.output import formats
 from batchinfer.jobs import storage_keys
 from batchinfer.jobs.faults import is_transient, service_of
-from batchinfer.jobs.state import validation as state
+from batchinfer.jobs.state import ending, validation as state
 from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
 from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
 from batchinfer.jobs.input.validation import (LineError, PreparedRequest, ValidationLimits, ValidationReport, peek_model,
@@ -34,31 +35,36 @@ class ValidationDeferred(BatchInferError):
     """The job is kept `validating`: a fault that may pass stopped its validation, and the sweep resumes it."""
 
 
-def validate_job(ctx: AppContext, job_id: str) -> Job:
+def validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | None = None) -> Job:
     """Validate a `validating` job's stored input and move it on to queued or failed; returns the job.
     Idempotent and resumable: each run claims the job and starts clean (a crashed run's request rows are
     dropped), request rows are committed in batches, and a run that lost its claim stops. A cancel that
-    lands meanwhile wins: the job ends cancelled and is never set back to queued."""
+    lands meanwhile wins: the job ends cancelled and is never set back to queued.
+    on_rows: asks for a dispatch once the first rows are committed (only with settings.stream_dispatch)."""
     try:
-        return _validate_job(ctx, job_id)
+        return _validate_job(ctx, job_id, on_rows)
     except JobNotFound:
         raise
     except Exception as exc:
         return _failed(ctx, job_id, exc)
 
 
-def _validate_job(ctx: AppContext, job_id: str) -> Job:
+def _validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | None) -> Job:
     token = state.claim_validation(ctx, job_id)
     if token is None:
         return _get(ctx, job_id)
     job = _get(ctx, job_id)
     try:
-        report = _validate(ctx, job, token)
+        report = _validate(ctx, job, token, on_rows)
     except state.ValidationSuperseded:
         return _get(ctx, job_id)
     job = state.finish_validation(ctx, job_id, token, report, _runs(job, report))
-    if job.status == JobStatus.QUEUED:
+    if job.status in (JobStatus.QUEUED, JobStatus.IN_PROGRESS):
         _refresh_statistics(ctx, report.valid)
+    if job.status == JobStatus.IN_PROGRESS or (job.status == JobStatus.QUEUED and ctx.settings.stream_dispatch):
+        # streamed: its units ran before the queue move, maybe all of them (QUEUED too: a unit that started while
+        # the move held the job row is not seen by it)
+        ending.try_finalize(ctx, job_id)
     return job
 
 
@@ -156,22 +162,13 @@ def _input_key(job: Job) -> str:
     return job.input_key or storage_keys.job_input(job.id)
 
 
-def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
+def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None] | None = None) -> ValidationReport:
     """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl.
     A batch whose model nobody serves fails whole, naming the served models."""
     try:
         served: dict[str, ServedModel] | None = served_models(ctx)
     except ConnectionError:  # the registry (the broker) is down: enough when this process serves the batch's model
         served = None
-    rows: list[dict] = []
-    beat_at = time.monotonic()
-
-    def commit_when_due() -> None:  # each commit renews the lease and notices a cancel
-        nonlocal beat_at
-        if len(rows) >= INSERT_BATCH or time.monotonic() - beat_at >= BEAT_S:
-            state.add_requests(ctx, job.id, token, rows)
-            beat_at = time.monotonic()
-
     with (ctx.storage.open_read(_input_key(job)) as stored,
           ctx.storage.open_write(storage_keys.job_prepared(job.id)) as prepared,
           ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
@@ -183,16 +180,17 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             served = served_models(replace(ctx, live_models=None))
         if model not in served and job.endpoint == MESSAGES_ENDPOINT:
             model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
+        rows = _Rows(ctx, job.id, token, model, on_rows if ctx.settings.stream_dispatch else None)
 
         def on_valid(req: PreparedRequest) -> None:
-            prepared.write(req.to_json().encode() + b"\n")
-            rows.append({"job_id": job.id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
-            commit_when_due()
+            line = req.to_json().encode() + b"\n"
+            prepared.write(line)
+            rows.add(req, line)
 
         def on_invalid(error: LineError) -> None:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
-            commit_when_due()
+            rows.beat()
 
         if model in served:
             settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
@@ -201,9 +199,73 @@ def _validate(ctx: AppContext, job: Job, token: str) -> ValidationReport:
             report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
         else:
             report = unserved_model_report(model, served)
-        state.add_requests(ctx, job.id, token, rows)  # also the last check that this run still owns the job
+        rows.close()  # also the last check that this run still owns the job
     report.model = model
     return report
+
+
+class _Rows:
+    """Valid lines on their way to the requests table. Each commit renews the lease and notices a cancel.
+
+    Streaming (on_rows given, settings.stream_dispatch): rows are committed a part at a time (storage_keys.PART_LINES
+    indexes), each only after its part of prepared requests is stored, so a dispatch may plan them while the file
+    is still validated; on_rows is called once, after the first part's rows are committed. Otherwise rows go every
+    INSERT_BATCH (or BEAT_S), and nothing reads them before the queue move."""
+
+    def __init__(self, ctx: AppContext, job_id: str, token: str, model: str, on_rows: Callable[[], None] | None):
+        self.ctx, self.job_id, self.token, self.model, self.on_rows = ctx, job_id, token, model, on_rows
+        self.rows: list[dict] = []
+        self.lines: list[bytes] = []
+        self.part = 0
+        self.beat_at = time.monotonic()
+
+    @property
+    def streaming(self) -> bool:
+        return self.on_rows is not None
+
+    def add(self, req: PreparedRequest, line: bytes) -> None:
+        if self.streaming and req.index // storage_keys.PART_LINES != self.part:
+            self._store_part()
+            self.part = req.index // storage_keys.PART_LINES
+        self.rows.append({"job_id": self.job_id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
+        if self.streaming:
+            self.lines.append(line)
+        self.beat()
+
+    def beat(self) -> None:
+        if not self.streaming and len(self.rows) >= INSERT_BATCH:
+            self._commit(self.rows)
+        elif time.monotonic() - self.beat_at >= BEAT_S:  # streaming: the heartbeat only, rows wait for their part
+            self._commit([] if self.streaming else self.rows)
+
+    def close(self) -> None:
+        if self.streaming:
+            self._store_part(last=True)
+        else:
+            self._commit(self.rows)
+
+    def _commit(self, rows: list[dict]) -> None:
+        state.add_requests(self.ctx, self.job_id, self.token, rows, self.model)
+        self.beat_at = time.monotonic()
+
+    def _store_part(self, last: bool = False) -> None:
+        if self.lines:
+            with self.ctx.storage.open_write(storage_keys.job_prepared_part(self.job_id, self.part)) as out:
+                out.write(b"".join(self.lines))
+            self.lines.clear()
+        committed = len(self.rows)
+        self._commit(self.rows)
+        if committed and not last and self.on_rows is not _no_more_asks:
+            _refresh_statistics(self.ctx, committed)  # the claims made on these rows plan on them (no empty job)
+            on_rows, self.on_rows = self.on_rows, _no_more_asks
+            try:  # a dispatch asked early; the queue move asks again, so a broker down here costs only the overlap
+                on_rows()
+            except Exception as exc:
+                log.warning("job %s: could not ask for a dispatch while validating: %s", self.job_id, one_line(exc))
+
+
+def _no_more_asks() -> None:
+    """Streaming stays on after the first ask (the dispatch's rounds follow the file from there)."""
 
 
 def _runs(job: Job, report: ValidationReport) -> bool:

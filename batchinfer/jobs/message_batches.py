@@ -64,6 +64,8 @@ def delete(ctx: AppContext, owner: str, batch_id: str) -> None:
             raise JobConflict(f"message batch {batch_id[:80]} is still processing; cancel it before deleting it")
         session.execute(sql_delete(Request).where(Request.job_id == job.id))
         session.delete(row)
-    for key in {job.input_key, job.output_key, job.error_key, storage_keys.job_prepared(job.id), storage_keys.job_invalid(job.id)}:
+    parts = [storage_keys.job_prepared_part(job.id, k) for k in range(-(-(job.total or 0) // storage_keys.PART_LINES))]
+    for key in {job.input_key, job.output_key, job.error_key, storage_keys.job_prepared(job.id), storage_keys.job_invalid(job.id),
+                *parts}:  # parts: those a streamed validation stored (deleting one never stored is a no-op)
         if key and key.startswith(f"jobs/{job.id}/"):  # only its own files, never a shared upload
             ctx.storage.delete(key)

@@ -24,15 +24,17 @@ def new_job_id() -> str:
 
 def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | None = None,
            metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
-           priority: int = 0, now: float | None = None, on_created: Callable[[Job], object] | None = None) -> Job:
+           priority: int = 0, now: float | None = None, on_created: Callable[[Job], object] | None = None,
+           on_rows: Callable[[], None] | None = None) -> Job:
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed).
-    on_created sees the job as soon as it exists (the CLI prints its id before validation)."""
+    on_created sees the job as soon as it exists (the CLI prints its id before validation); on_rows asks for a
+    dispatch while a big file is still validated (settings.stream_dispatch)."""
     job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
                      completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
     if on_created is not None:
         on_created(job)
     try:
-        return validate_job(ctx, job.id)
+        return validate_job(ctx, job.id, on_rows=on_rows)
     except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
         cancel(ctx, job.id)
         raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None

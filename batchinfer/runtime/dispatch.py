@@ -75,19 +75,24 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     """
     with ctx.sessions() as session:
         jobs = {job.id: job for job in session.scalars(
-            select(Job).where(Job.status.in_(JobStatus.RUNNABLE)).order_by(Job.created_at))}
+            select(Job).where(Job.status.in_(dispatched_states(ctx))).order_by(Job.created_at))}
         pending = _pending_indices(session, list(jobs))
         served = _served_units(session, list(jobs)) if pending else {}
     if not pending:
         return []
-    prepared = _load_prepared(ctx, pending)
+    validating = {j for j, job in jobs.items() if job.status == JobStatus.VALIDATING}
+    prepared = _load_prepared(ctx, {j: idx for j, idx in pending.items() if j not in validating})
+    prepared.update(_load_parts(ctx, {j: idx for j, idx in pending.items() if j in validating}))
     requests = [prepared[job_id, index].to_pending(job_id, jobs[job_id].priority,
                                                    jobs[job_id].queued_at or jobs[job_id].created_at,
                                                    jobs[job_id].cache_scope)
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans, queues, models = [], [], []
-    for model, members in _by_model(requests, jobs).items():  # a unit never mixes models
-        model_plans = plan_units(members, config or planner_config(ctx))
+    config = config or planner_config(ctx)
+    for (model, validating), members in _by_model(requests, jobs).items():  # a unit never mixes models
+        model_plans = plan_units(members, config)
+        if validating:  # a group of a file still validated may grow: only units it cannot grow wait no longer
+            model_plans = [p for p in model_plans if _full(p, config)]
         plans += model_plans
         queues += _route(model_plans, model, live_workers or [], worker_loads)
         models += [model] * len(model_plans)
@@ -115,10 +120,26 @@ def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> Non
             out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope).to_json() + b"\n")
 
 
-def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[str, list[PendingRequest]]:
-    found: dict[str, list[PendingRequest]] = defaultdict(list)
+def dispatched_states(ctx: AppContext) -> tuple[str, ...]:
+    """Jobs a dispatch plans: runnable ones, and with streaming those still validating (the rows committed so far)."""
+    return (JobStatus.VALIDATING, *JobStatus.RUNNABLE) if ctx.settings.stream_dispatch else tuple(JobStatus.RUNNABLE)
+
+
+STREAM_UNIT_FILL = 0.75  # the planner evens out a group's units (1,000 requests: units of 55-60 of 64)
+
+
+def _full(plan: UnitPlan, config: PlannerConfig) -> bool:
+    """Big enough to send before its job's file ends: the part units a group's last rows would fill wait."""
+    return (len(plan.requests) >= config.max_requests_per_unit * STREAM_UNIT_FILL
+            or plan.cost >= config.max_tokens_per_unit * STREAM_UNIT_FILL)
+
+
+def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[tuple[str, bool], list[PendingRequest]]:
+    """(model, still validating) -> its requests: a validating job is planned apart, its part units kept back."""
+    found: dict[tuple[str, bool], list[PendingRequest]] = defaultdict(list)
     for req in requests:
-        found[jobs[req.job_id].model].append(req)
+        job = jobs[req.job_id]
+        found[job.model, job.status == JobStatus.VALIDATING].append(req)
     return found
 
 
@@ -175,6 +196,29 @@ def _in_order(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str
     return found
 
 
+def _load_parts(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[str, int], PreparedRequest]:
+    """Jobs still validated: prepared.jsonl is not readable yet, their parts are."""
+    found = {}
+    for job_id, indices in pending.items():
+        found.update(_from_parts(ctx, job_id, indices))
+    return found
+
+
+def _from_parts(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
+    """A job still validated: its rows are committed only after their part is stored (job_validation._Rows)."""
+    found = {}
+    for part in sorted({i // storage_keys.PART_LINES for i in indices}):
+        try:
+            with ctx.storage.open_read(storage_keys.job_prepared_part(job_id, part)) as stream:
+                for raw in stream:
+                    req = PreparedRequest.from_json(raw)
+                    if req.index in indices:
+                        found[job_id, req.index] = req
+        except FileNotFoundError:  # validated without streaming (a process with it off): planned at its queue move
+            return {}
+    return found
+
+
 def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
     found = {}
     with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
@@ -191,7 +235,15 @@ def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int,
 
 
 def more_pending(ctx: AppContext) -> bool:
-    """Pending requests of a runnable job: what a further dispatch round would plan."""
+    """Pending requests of a job a dispatch plans: what a further dispatch round would plan."""
     pending = exists().where(Request.job_id == Job.id, Request.status == RequestStatus.PENDING)
     with ctx.sessions() as session:
-        return bool(session.scalar(select(exists().where(Job.status.in_(JobStatus.RUNNABLE), pending))))
+        return bool(session.scalar(select(exists().where(Job.status.in_(dispatched_states(ctx)), pending))))
+
+
+def still_validating(ctx: AppContext) -> bool:
+    """With streaming, some job a dispatch plans is still validated (its file may bring more full units)."""
+    if not ctx.settings.stream_dispatch:
+        return False
+    with ctx.sessions() as session:
+        return bool(session.scalar(select(exists().where(Job.status == JobStatus.VALIDATING))))

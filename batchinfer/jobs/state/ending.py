@@ -9,7 +9,7 @@ import time
 from functools import partial
 from typing import Callable
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from batchinfer.context import AppContext
@@ -20,6 +20,7 @@ from batchinfer.jobs import outage
 from batchinfer.jobs.faults import service_of
 from batchinfer.jobs.output.assembly import assemble
 from batchinfer.jobs.state import table as T
+from batchinfer.jobs.state.validation import drop_requests
 from batchinfer.jobs.webhooks.events import record_final
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,9 @@ def cancel(ctx: AppContext, job_id: str, now: float, visible: Callable[[Job], bo
             raise JobNotFound(f"no job {job_id!r}")
         if not T.CANCEL_JOB.allows(job.status):
             raise JobConflict(f"job {job_id} is already {job.status}")
-        if job.status == JobStatus.VALIDATING:
-            session.execute(delete(Request).where(Request.job_id == job_id))
+        if job.status == JobStatus.VALIDATING:  # none of it counts, also what streamed units ran
+            drop_requests(session, job_id)
+            session.refresh(job)
             job.validation_token = None
         T.apply(job, T.CANCEL_JOB, now)
         close_unstarted(session, job_id, T.CANCEL_UNSTARTED)

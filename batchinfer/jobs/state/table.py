@@ -13,6 +13,9 @@ from sqlalchemy import bindparam, or_, text, update
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 
 J, R, U = JobStatus, RequestStatus, UnitStatus
+# jobs whose requests a unit may claim and run: a `validating` one only with streaming (settings.stream_dispatch:
+# only then does a dispatch plan its rows); its results count only if its validation queues it
+UNIT_JOB_STATES = (J.VALIDATING, J.QUEUED, J.IN_PROGRESS)
 SUBJECTS: dict[str, Any] = {"job": Job, "request": Request, "unit": WorkUnit}
 
 

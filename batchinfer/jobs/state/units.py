@@ -49,7 +49,7 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | No
     mine = or_(*(and_(Request.job_id == j, Request.index.in_(idx)) for j, idx in sorted(by_job.items())))
     rows = session.execute(select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
                            .where(mine, Request.status.in_(T.PLAN_REQUEST.current_states),
-                                  Job.status.in_(JobStatus.RUNNABLE))
+                                  Job.status.in_(T.UNIT_JOB_STATES))
                            .with_for_update(of=Request, skip_locked=True))
     claimed = sorted(key for key in (tuple(row) for row in rows) if key in wanted)
     if not claimed:
@@ -119,7 +119,7 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     unit.started_at, unit.worker, unit.incarnation, unit.waiting_for = now, worker, incarnation, None
     unit.attempts += 1
     runnable = (select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
-                .where(Request.unit_id == unit_id, Job.status.in_(JobStatus.RUNNABLE),
+                .where(Request.unit_id == unit_id, Job.status.in_(T.UNIT_JOB_STATES),
                        Request.status.in_(T.RUN_REQUEST.current_states)))
     to_run = {(j, i) for j, i in session.execute(runnable)}
     for job_id in sorted({j for j, _ in to_run}):
@@ -186,8 +186,9 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozen
         counts = session.execute(update(Job).where(Job.id == job_id).values(
             completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
             completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached)
-            .returning(Job.total, Job.completed, Job.failed)).first()
-        if counts is not None and counts.completed + counts.failed < counts.total:
+            .returning(Job.status, Job.total, Job.completed, Job.failed)).first()
+        if counts is not None and (counts.status == JobStatus.VALIDATING  # streamed: no total yet, no finalize
+                                   or counts.completed + counts.failed < counts.total):
             unfinished.add(job_id)
     return frozenset(unfinished)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 import uuid
 
-from sqlalchemy import delete, func, insert, text, update
+from sqlalchemy import delete, exists, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, Request
+from batchinfer.db.models import Job, JobStatus, Request, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import excerpt
 from batchinfer.jobs import storage_keys
@@ -42,21 +42,33 @@ def claim_validation(ctx: AppContext, job_id: str) -> str | None:
         claimed = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.VALIDATING)
                                   .values(validation_token=token, validation_heartbeat_at=time.time())).rowcount
         if claimed:
-            session.execute(delete(Request).where(Request.job_id == job_id))
+            drop_requests(session, job_id)
         return claimed
 
     return token if retrying(ctx.sessions, work) else None
 
 
-def add_requests(ctx: AppContext, job_id: str, token: str, rows: list[dict]) -> None:
+def drop_requests(session, job_id: str) -> None:
+    """Drop a `validating` job's requests and zero its counts, in the caller's transaction: with streaming, units
+    may have run some of them already (their commits added to the counts under the job row's lock, which the
+    caller's UPDATE or delete waits for), and none of it may count (a unit's result is read only through a row)."""
+    session.execute(delete(Request).where(Request.job_id == job_id))
+    session.execute(update(Job).where(Job.id == job_id).values(
+        completed=0, failed=0, prompt_tokens=0, completion_tokens=0, cached_tokens=0))
+
+
+def add_requests(ctx: AppContext, job_id: str, token: str, rows: list[dict], model: str = "") -> None:
     """Insert a batch of valid lines as `pending` requests (one short transaction under the job row's lock),
-    only while this run owns the job; `rows` is emptied."""
+    only while this run owns the job; `rows` is emptied. The job's model is set with its first rows (a dispatch
+    of a job still validating groups and routes by it)."""
     def work(session) -> None:
         job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
         if job is None or job.status != JobStatus.VALIDATING or job.validation_token != token:
             raise ValidationSuperseded(job_id)
         if rows:
             _insert(session, rows)
+        if model and job.model != model:
+            job.model = model
         job.validation_heartbeat_at = time.time()
 
     retrying(ctx.sessions, work)
@@ -105,9 +117,9 @@ def finish_validation(ctx: AppContext, job_id: str, token: str, report: Validati
     keeps none of its requests; a job another run owns now is left to that run."""
     now = time.time()
     with transaction(ctx.sessions) as session:
-        job = session.get(Job, job_id, with_for_update=True)
+        job = session.get(Job, job_id, with_for_update=True, populate_existing=True)
         if job.status != JobStatus.VALIDATING:
-            session.execute(delete(Request).where(Request.job_id == job_id))
+            session.execute(delete(Request).where(Request.job_id == job_id))  # the cancel zeroed its counts
             return job
         if job.validation_token != token:
             return job
@@ -116,15 +128,27 @@ def finish_validation(ctx: AppContext, job_id: str, token: str, report: Validati
         job.errors = [e.to_dict() for e in report.errors]
         job.error_count = report.error_count
         job.total = report.lines
-        job.invalid = job.failed = report.lines - report.valid
+        job.invalid = report.lines - report.valid
         if runs:
+            job.failed = job.failed + job.invalid  # added: streamed units may have counted some already
             T.apply(job, T.QUEUE_JOB, now)
+            if _started(session, job_id):  # streamed: some unit ran or runs it, as START_JOB would have said
+                T.apply(job, T.START_JOB, now)
         else:
             T.apply(job, T.FAIL_VALIDATION, now)
             job.error_key = storage_keys.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
-            session.execute(delete(Request).where(Request.job_id == job_id))  # nothing of a failed job runs
+            session.flush()
+            drop_requests(session, job_id)  # nothing of a failed job runs, nor counts (streamed units' results)
+            session.refresh(job)
+            job.failed = job.invalid  # what the API showed before streaming: the invalid lines, as failed
             record_final(session, job, now)
     return job
+
+
+def _started(session, job_id: str) -> bool:
+    """Some request of the job is in a unit that started (a streamed unit ran before the queue move)."""
+    running = exists().where(Request.job_id == job_id, Request.unit_id == WorkUnit.id, WorkUnit.started_at.is_not(None))
+    return bool(session.scalar(select(running)))
 
 
 def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
@@ -132,7 +156,9 @@ def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
     error = {"code": "server_error", "line": None, "param": None, "message": excerpt(message)}
 
     def work(session) -> None:
+        session.execute(select(Job.id).where(Job.id == job_id).with_for_update())  # job rows first, as a commit
         if T.move(session, T.FAIL_VALIDATION, Job.id == job_id, now=time.time(), error_count=1, errors=[error]):
+            drop_requests(session, job_id)  # nothing of a failed job runs, nor counts
             record_final(session, session.get(Job, job_id, populate_existing=True))
 
     retrying(ctx.sessions, work)
