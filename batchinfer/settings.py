@@ -71,9 +71,10 @@ class Settings(BaseSettings):
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (engine/dtype.py), float32, bfloat16
-    # engine weights: dense (de-quantized, in dtype), gguf (the GGUF's own Q4_1/Q8_0 blocks, CPU), q8_0 (quantized
-    # at load, CPU), auto (gguf where the checkpoint and CPU allow it, else dense); engine/quant_weights.py
-    weight_format: str = "dense"
+    # engine weights: auto (gguf where the checkpoint is a GGUF of Q4_1/Q8_0 blocks and the CPU has avx2, fma and
+    # f16c, else dense), dense (de-quantized, in dtype), gguf (the GGUF's own blocks, CPU), q8_0 (quantized at load,
+    # CPU); engine/quant_weights.py
+    weight_format: str = "auto"
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     embedding_pooling: str = "auto"  # /v1/embeddings: "last" token, "mean" of the prompt, or "auto": the model's own

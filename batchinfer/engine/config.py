@@ -34,8 +34,10 @@ class EngineConfig:
     # "auto": what the model's files say (pooling_config.py), else last
     dtype_reason: str = "asked"  # why this dtype: "asked", or auto's reason (dtype.py)
     # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own Q4_1/Q8_0 blocks; "q8_0": quantized at
-    # load; "auto": "gguf" on CPU where the checkpoint and CPU allow, else dense (quant_weights.load_quant)
-    weight_format: str = "dense"
+    # load; "auto": "gguf" on CPU where the checkpoint is a GGUF the loader repacks and the CPU has avx2, fma and
+    # f16c, else dense (quant_weights.load_quant); LLMEngine sets what the loaded model holds
+    weight_format: str = "auto"
+    weight_format_reason: str = "asked"  # why this weight format: "asked", or auto's reason
     # where the engine keeps what it measures of this machine (the invariance probe's row pad, probe_cache.py);
     # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
     cache_dir: str | None = None
@@ -65,7 +67,7 @@ class EngineConfig:
         _check(self.weight_format in ("auto", "dense") or on_cpu, "weight_format", self.weight_format,
                "runs on CPU only")
         if self.weight_format == "auto" and not on_cpu:
-            self.weight_format = "dense"
+            self.weight_format, self.weight_format_reason = "dense", f"auto: {torch.device(self.device).type}"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -75,6 +77,11 @@ class EngineConfig:
     def dtype_note(self) -> str:
         """What start-up prints and each job records: `float32 (auto: no avx512_bf16 or amx_bf16)`."""
         return f"{self.dtype} ({self.dtype_reason})"
+
+    @property
+    def weights_note(self) -> str:
+        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`."""
+        return f"{self.weight_format} ({self.weight_format_reason})"
 
     def kv_budget_bytes(self) -> int:
         if self.kv_cache_bytes is not None:

@@ -13,10 +13,9 @@ the invariance guarantee the engine makes.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
-
 import torch
+
+from .cpuinfo import cpu_flags
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
@@ -31,16 +30,6 @@ def auto_dtype(device: str) -> tuple[str, str]:
     if kind == "cpu":
         return "float32", "auto: bf16 native, but its greedy answers differ from float32's"
     return "float32", f"auto: {kind}"
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """/proc/cpuinfo's flags (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
 
 
 def cpu_has_native_bf16() -> bool:

@@ -26,6 +26,7 @@ class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
         self.config = replace(self.config, pooling=resolve_pooling(self.config.pooling, loaded.path))
+        self.config = loaded_weight_format(self.config, loaded)
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
@@ -46,6 +47,10 @@ class LLMEngine:
     @property
     def dtype_note(self) -> str:
         return self.config.dtype_note
+
+    @property
+    def weights_note(self) -> str:
+        return self.config.weights_note
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str | Path,
@@ -290,6 +295,17 @@ def aborted_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult
         finish_reason="abort", prompt_tokens=seq.num_prompt_tokens, cached_tokens=seq.num_cached_tokens or 0,
         arrival_time=t, first_scheduled_time=first, first_token_time=seq.first_token_time or first,
         last_token_time=seq.last_token_time or first)
+
+
+def loaded_weight_format(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
+    """The config with the weight format the loaded model holds: auto takes the loader's choice and reason;
+    an explicit format must be what was loaded (load_model_light(..., weight_format) loads it)."""
+    if config.weight_format == "auto":
+        return replace(config, weight_format=loaded.weight_format, weight_format_reason=loaded.weight_format_reason)
+    if config.weight_format != loaded.weight_format:
+        raise ValueError(f"EngineConfig.weight_format is {config.weight_format!r}, but the loaded model holds "
+                         f"{loaded.weight_format!r} weights (load it with that weight_format)")
+    return config
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:

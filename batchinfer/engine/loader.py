@@ -50,6 +50,8 @@ class LoadedModel:
     path: str
     weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
     quant: dict[str, QuantWeight] | None = None  # quantized projections (engine/quant_weights.py), when asked
+    weight_format: str = "dense"  # what `weights`/`quant` hold: "dense", "gguf" or "q8_0"
+    weight_format_reason: str = "asked"  # why (quant_weights.load_quant), printed at start-up
 
     @property
     def config(self) -> Any:
@@ -113,7 +115,7 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
 
 
 def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None,
-                     weight_format: str = "dense") -> LoadedModel:
+                     weight_format: str = "auto") -> LoadedModel:
     """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
     With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py), and
     the quantized ones of weight_format (engine/quant_weights.py) unless it is "dense"."""
@@ -125,17 +127,17 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
         return load_model(model_path, cache_dir)
     tree = light_model(folder)
     weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
-    quant = None
+    quant, fmt, why = None, "dense", "asked" if weight_format == "dense" else "no engine weights asked"
     if dtype is not None and weight_format != "dense":
         import torch
 
         from .quant_weights import load_quant
 
         source = Path(model_path or default_model_path())
-        quant = load_quant(weight_format, source if source.suffix == ".gguf" else folder / "model.safetensors",
+        quant, fmt, why = load_quant(weight_format, source if source.suffix == ".gguf" else folder / "model.safetensors",
                            tree, cache_dir, lambda: cached_engine_weights(folder, tree, cache_dir, torch.float32))
     return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights,
-                       quant=quant)
+                       quant=quant, weight_format=fmt, weight_format_reason=why)
 
 
 def transformers_tokenizer(folder: Path) -> Tokenizer:
@@ -154,4 +156,5 @@ def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype
     tokenizer = transformers_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
     model.eval()
-    return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder))
+    return LoadedModel(hf_model=model, tokenizer=tokenizer, path=str(folder),
+                       weight_format_reason="transformers' own load: dense")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from .cpuinfo import cpu_info
+
 log = logging.getLogger(__name__)
 
-CPUINFO_FIELDS = ("vendor_id", "cpu family", "model", "model name", "stepping", "cache size", "flags")
 # Environment variables oneDNN, MKL and ATen read to pick (or cap) their instruction set or reproducibility mode.
 DISPATCH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
                 "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
@@ -64,25 +65,11 @@ def save(path: Path, key: dict, row_pad: int, invariant: bool) -> None:
 
 @lru_cache(maxsize=1)
 def machine_key() -> dict:
-    return {"cpu": _cpuinfo(), "caches": _cache_sizes(), "torch": torch.__version__,
+    return {"cpu": cpu_info(), "caches": _cache_sizes(), "torch": torch.__version__,
             "torch_config": hashlib.sha256(torch.__config__.show().encode()).hexdigest()[:16],
             "capability": torch.backends.cpu.get_cpu_capability(),
             "env": {name: os.environ[name] for name in DISPATCH_ENV if name in os.environ},
             "sources": _sources_digest()}
-
-
-def _cpuinfo() -> dict:
-    """The first processor's identity and flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n", 1)[0].splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in CPUINFO_FIELDS:
-            fields[name.strip()] = " ".join(sorted(value.split())) if name.strip() == "flags" else value.strip()
-    return fields
 
 
 def _cache_sizes() -> list[str]:

@@ -54,23 +54,30 @@ def quant_weights(weight_format: str, source: Path, config, cache_dir: str | Pat
 
 
 def load_quant(weight_format: str, source: Path, tree, cache_dir: str | Path,
-               dense: Callable[[], dict[str, torch.Tensor]]) -> dict[str, QuantWeight] | None:
-    """The quantized weights of weight_format ("auto": "gguf" where it runs, else None: dense), with the
-    kernel attached. An explicit format this checkpoint or machine cannot run raises UnsupportedWeightFormat."""
-    from .layers.quant_build import QuantKernelUnavailable, load_kernel
+               dense: Callable[[], dict[str, torch.Tensor]]) -> tuple[dict[str, QuantWeight] | None, str, str]:
+    """(the quantized weights with the kernel attached, or None: dense; the format that runs; why). "auto" is
+    "gguf" where the checkpoint is a GGUF the loader can repack and the CPU has what the kernel is built for,
+    else dense. An explicit format this checkpoint or machine cannot run raises UnsupportedWeightFormat."""
+    from .layers.quant_build import CPU_FLAGS, QuantKernelUnavailable, cpu_supported, load_kernel
 
+    if weight_format == "auto" and source.suffix != ".gguf":  # checked first: no kernel build for nothing
+        return None, "dense", "auto: not a GGUF checkpoint"
+    if weight_format == "auto" and not cpu_supported():
+        return None, "dense", f"auto: the quantized kernel needs {'/'.join(CPU_FLAGS)}"
     asked = "gguf" if weight_format == "auto" else weight_format
     try:
         lib = load_kernel(str(cache_dir))
         weights = quant_weights(asked, source, tree.config, cache_dir, dense)
     except (UnsupportedWeightFormat, QuantKernelUnavailable, KeyError) as exc:
         if weight_format == "auto":
-            log.info("weight_format auto: dense weights (%s)", exc)
-            return None
+            return None, "dense", f"auto: {exc}"
         raise UnsupportedWeightFormat(str(exc)) from exc
     for w in weights.values():
         w.lib = lib
-    return weights
+    if weight_format != "auto":
+        return weights, asked, "asked"
+    kinds = "/".join(sorted({w.format.upper() for w in weights.values()}))
+    return weights, asked, f"auto: the GGUF's own {kinds} blocks, CPU has {' '.join(CPU_FLAGS)}"
 
 
 def build(gguf: Path, config, dense: dict[str, torch.Tensor]) -> dict[str, QuantWeight]:

@@ -37,6 +37,8 @@ def get_generator(settings: Settings):
         remember_tokenizer(settings, generator.tokenizer, generator.max_model_len)
         log.info("model loaded in %.1f s", time.time() - started)
         print(f"dtype {generator.dtype_note}", file=sys.stderr)  # once per process: the model is loaded once
+        if hasattr(generator, "weights_note"):  # LLMEngine's; the hf and null engines have no weight formats
+            print(f"weights {generator.weights_note}", file=sys.stderr)
     return _generators[key]
 
 

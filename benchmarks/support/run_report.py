@@ -14,11 +14,10 @@ from rich.table import Table
 
 
 def cpu_flags() -> list[str]:
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return sorted({f for f in flags.split(":", 1)[1].split() if f in ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f")})
+    """The flags that decide dtype auto and weight_format auto (engine/dtype.py, engine/quant_weights.py)."""
+    from batchinfer.engine.cpuinfo import cpu_flags as flags
+
+    return sorted(flags() & {"avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2", "fma", "f16c"})
 
 
 def run_and_report(run: Callable[[], dict], out: Path, work: Path, table: Callable[[dict], Table],

@@ -2,9 +2,10 @@
 greedy and seeded, run in the arrangements issue 20 names. Each arrangement maps a request's key to its
 tokens and the bitwise (hex) logprob of each, so arrangements compare exactly.
 
-Also a script: `python -m tests.engine.invariance_cases DTYPE OUT.json` runs the 64-request batch in this
-process and writes its outputs (the two-process case), and `--report DTYPE` prints, per arrangement, how many
-requests match their run alone (the figures of the issue's note, before and after a change).
+Also a script: `python -m tests.engine.invariance_cases DTYPE OUT.json [WEIGHT_FORMAT]` runs the 64-request
+batch in this process and writes its outputs (the two-process case), and `--report DTYPE [WEIGHT_FORMAT]` prints,
+per arrangement, how many requests match their run alone (the figures of the issue's note, before and after a
+change). WEIGHT_FORMAT "dense" (the default) runs transformers' load, "gguf" the GGUF's own blocks (load_model).
 """
 from __future__ import annotations
 
@@ -119,15 +120,24 @@ def report(found: dict[str, dict]) -> dict[str, str]:
     return lines
 
 
-def main(argv: list[str]) -> None:
-    from batchinfer.engine.loader import load_model
+def load(weight_format: str = "dense"):
+    """The model an arrangement runs: transformers' load (dense), or the light load with the GGUF's blocks."""
+    import torch
+
+    from batchinfer.engine.loader import load_model, load_model_light
     from tests.engine.conftest import model_cache_dir
-    loaded = load_model(None, model_cache_dir())
+    if weight_format == "dense":
+        return load_model(None, model_cache_dir())
+    return load_model_light(None, model_cache_dir(), torch.float32, weight_format)
+
+
+def main(argv: list[str]) -> None:
     if argv[0] == "--report":
-        found = arrangements(loaded, argv[1])
+        found = arrangements(load(*argv[2:]), argv[1])
         print(json.dumps({"preemptions": found["preemptions"]["count"]} | report(found), indent=1))
         return
-    dtype, path = argv
+    dtype, path, *weight_format = argv
+    loaded = load(*weight_format)
     with open(path, "w") as f:
         json.dump(mixed_batch(engine(loaded, dtype), requests(loaded.tokenizer), fillers(loaded.tokenizer)), f)
 

@@ -5,7 +5,9 @@ each alone, in a batch of 64 mixed requests, in reverse order, with the prefix c
 preemption forced by a small KV budget, and in a second process: tokens and
 logprobs must be bitwise equal to the run alone. There is one attention path (chunked.py), so cascade and
 non-cascade are the same arithmetic by construction; the shared-prefix groups above exercise it. bf16 runs
-where the CPU has native bf16 (AMX or AVX512-BF16) and is skipped elsewhere with the reason.
+where the CPU has native bf16 (AMX or AVX512-BF16) and is skipped elsewhere with the reason; the GGUF's own
+Q4_1/Q8_0 blocks (weight_format gguf, the default where the CPU has AVX2, FMA and F16C) run in fp32 where the
+quantized kernel does, and are skipped elsewhere with the reason.
 """
 from __future__ import annotations
 
@@ -17,15 +19,22 @@ import sys
 import pytest
 
 from batchinfer.engine.dtype import cpu_has_native_bf16
+from batchinfer.engine.layers.quant_build import cpu_supported
 from tests.engine import invariance_cases
 
-DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not cpu_has_native_bf16(), reason="bf16 invariance is checked where the CPU has AMX or AVX512-BF16; this one has neither"))]
+# (dtype, weight format)
+CASES = [("float32", "dense"), pytest.param(("bfloat16", "dense"), marks=pytest.mark.skipif(
+    not cpu_has_native_bf16(), reason="bf16 invariance is checked where the CPU has AMX or AVX512-BF16; this one has neither")),
+    pytest.param(("float32", "gguf"), marks=pytest.mark.skipif(
+        not cpu_supported(), reason="the quantized kernel needs AVX2, FMA and F16C; this CPU lacks one"))]
 
 
-@pytest.fixture(scope="module", params=DTYPES)
+@pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))
 def found(request, loaded_model):
-    return request.param, invariance_cases.arrangements(loaded_model, request.param)
+    dtype, weight_format = request.param
+    loaded = loaded_model if weight_format == "dense" else invariance_cases.load(weight_format)
+    assert loaded.weight_format == weight_format
+    return request.param, invariance_cases.arrangements(loaded, dtype)
 
 
 ARRANGEMENTS = ["batch of 64", "reverse order", "prefix cache cold", "prefix cache warm", "preempted (small KV budget)"]
@@ -44,10 +53,11 @@ def test_the_small_kv_budget_did_preempt(found):
 
 
 def test_a_second_process_gives_the_same_outputs(found, tmp_path):
-    dtype, runs = found
+    (dtype, weight_format), runs = found
     path = tmp_path / "out.json"
     env = dict(os.environ)
-    subprocess.run([sys.executable, "-m", "tests.engine.invariance_cases", dtype, str(path)], check=True, env=env,
+    subprocess.run([sys.executable, "-m", "tests.engine.invariance_cases", dtype, str(path), weight_format], check=True,
+                   env=env,
                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     other = {k: (v[0], v[1]) for k, v in json.loads(path.read_text()).items()}
     ref = {k: (list(v[0]), list(v[1])) for k, v in runs["alone"].items()}

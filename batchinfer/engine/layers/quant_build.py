@@ -14,7 +14,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from ..dtype import cpu_flags
+from ..cpuinfo import cpu_flags
 
 SOURCE = Path(__file__).with_name("quant_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
