@@ -31,3 +31,10 @@ def test_dtype_auto_resolves_to_float32_on_cpu_and_says_why():
     assert EngineConfig(dtype="bfloat16").dtype_note == "bfloat16 (asked)"
     assert EngineConfig(dtype="bf16").dtype == "bfloat16" and EngineConfig(dtype="fp32").dtype == "float32"
     assert EngineConfig().dtype == "float32"  # the engine's own default stays exact
+
+
+def test_weight_format_auto_is_the_default_and_dense_off_cpu():
+    assert EngineConfig().weight_format == "auto"  # the loader decides on CPU (quant_weights.load_quant)
+    meta = EngineConfig(device="meta")
+    assert meta.weights_note == "dense (auto: meta)"
+    assert EngineConfig(weight_format="dense").weights_note == "dense (asked)"

@@ -8,6 +8,7 @@ from conftest import MAX_NEW_TOKENS, model_cache_dir
 from greedy_closeness import LogitsRecorder, greedy_closeness
 
 from batchinfer.engine import EngineConfig, LLMEngine
+from batchinfer.engine.layers import quant_build
 from batchinfer.engine.layers.quant_build import cpu_supported
 from batchinfer.engine.loader import load_model_light
 from batchinfer.engine.quant_weights import UnsupportedWeightFormat
@@ -33,4 +34,22 @@ def test_gguf_format_on_a_safetensors_checkpoint_is_refused_in_one_line():
     folder = load_model_light(None, model_cache_dir()).path  # the converted folder: safetensors, no GGUF
     with pytest.raises(UnsupportedWeightFormat, match="needs a .gguf checkpoint"):
         load_model_light(folder, model_cache_dir(), torch.float32, "gguf")
-    assert load_model_light(folder, model_cache_dir(), torch.float32, "auto").quant is None  # auto: dense
+    auto = load_model_light(folder, model_cache_dir(), torch.float32, "auto")
+    assert auto.quant is None and (auto.weight_format, auto.weight_format_reason) == ("dense", "auto: not a GGUF checkpoint")
+
+
+def test_the_default_runs_the_ggufs_own_blocks_here_and_says_why():
+    engine = LLMEngine.from_pretrained(None, model_cache_dir(), EngineConfig(kv_cache_bytes=16 << 20))
+    assert engine.runner.model.quant is not None and engine.runner.model.quant["layers.0.qkv_proj"].lib is not None
+    assert engine.weights_note == "gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, CPU has avx2 fma f16c)"
+    assert EngineConfig().weight_format == "auto" and LLMEngine(
+        load_model_light(None, model_cache_dir(), torch.float32, "dense"), EngineConfig()).weights_note == "dense (asked)"
+
+
+def test_auto_is_dense_on_a_cpu_without_the_kernels_flags(monkeypatch):
+    monkeypatch.setattr(quant_build, "cpu_supported", lambda: False)
+    loaded = load_model_light(None, model_cache_dir(), torch.float32)
+    assert loaded.quant is None
+    assert (loaded.weight_format, loaded.weight_format_reason) == ("dense", "auto: the quantized kernel needs avx2/fma/f16c")
+    with pytest.raises(ValueError, match="the loaded model holds 'dense' weights"):
+        LLMEngine(loaded, EngineConfig(weight_format="gguf"))  # an explicit format is the one loaded, or an error
