@@ -23,6 +23,17 @@ def loaded_model() -> LoadedModel:
     return load_model(None, model_cache_dir())
 
 
+@pytest.fixture(scope="session")
+def gguf_model() -> LoadedModel:
+    """The model with the GGUF's own Q4_1/Q8_0 blocks (weight_format gguf, what auto runs on an AVX2 CPU)."""
+    from batchinfer.engine.layers.quant_build import cpu_supported
+    from batchinfer.engine.loader import load_model_light
+
+    if not cpu_supported():
+        pytest.skip("the quantized kernel needs AVX2, FMA and F16C; this CPU lacks one")
+    return load_model_light(None, model_cache_dir(), torch.float32, "gguf")
+
+
 DOCUMENT = (
     "Invoice 4471 from Northwind Traders lists forty crates of green tea, twelve boxes of ceramic mugs and "
     "a delivery charge. Payment is due within thirty days. The customer asked for the crates to be split across "

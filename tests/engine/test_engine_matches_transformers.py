@@ -1,4 +1,5 @@
-"""Greedy engine output equals transformers generate() token for token."""
+"""Greedy engine output equals transformers generate() token for token, with dense weights and with the GGUF's own
+Q4_1/Q8_0 blocks (weight_format gguf: the same de-quantized values, summed in another order)."""
 from __future__ import annotations
 
 import pytest
@@ -32,10 +33,12 @@ def assert_matches_reference(results, references) -> list[str]:
     return accepted
 
 
-@pytest.fixture(scope="module")
-def engine_for(loaded_model):
+@pytest.fixture(scope="module", params=["dense", "gguf"])
+def engine_for(request, loaded_model):
+    loaded = loaded_model if request.param == "dense" else request.getfixturevalue("gguf_model")
+
     def make(**overrides) -> LLMEngine:
-        return LLMEngine(loaded_model, EngineConfig(**overrides))
+        return LLMEngine(loaded, EngineConfig(**overrides))
     return make
 
 
