@@ -32,6 +32,8 @@ def test_run_writes_results_in_input_order(tmp_path, env):
     assert lines[0]["response"]["body"]["object"] == "chat.completion"
     assert lines[1]["response"]["body"]["object"] == "text_completion"
     assert "completed: 3 completed, 0 failed" in result.stderr and errs.read_text() == ""
+    from batchinfer.engine.layers.quant_build import cpu_supported  # weight_format auto, printed with its reason
+    assert ("weights gguf (auto: the GGUF's own" if cpu_supported() else "weights dense (auto:") in result.stderr
 
 
 def test_bad_input_is_reported_by_line_and_code_without_a_traceback(tmp_path, env):
