@@ -107,6 +107,7 @@ def test_jobs_on_postgres_and_s3_complete_with_output_in_input_order(make_contex
         assert job.prompt_tokens == sum(u["prompt_tokens"] for u in usage) > 0
         assert job.completion_tokens == sum(u["completion_tokens"] for u in usage) > 0
         assert all(o["metrics"]["worker"] == "test-worker" and o["metrics"]["e2e_s"] > 0 for o in lines)
+        assert {o["metrics"]["weight_format"] for o in lines} == {generator.weights_note.split(" ")[0]}
     assert [j.id for j in service.list_jobs(ctx)] == [second.id, first.id]
 
 

@@ -125,6 +125,7 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
     parts = {rid: len(e) for rid, e in expanded.items() if len(e) > 1}
     records: Records = {}
     dtype = getattr(generator, "dtype_note", "float32 (asked)").split(" ")[0]
+    weights = getattr(generator, "weights_note", None)  # LLMEngine's; the hf and null engines have no formats
     results = generator.generate([g for e in expanded.values() for g in e], on_result=on_result, aborts=aborts)
     for request_id, found in embedding_parts.grouped(results, parts):
         r = by_id[request_id]
@@ -138,7 +139,9 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
         line = (formats.embeddings_output_line(r.job_id, p.index, p.custom_id, p.model, found, worker, p.echo)
                 if p.sampling.embed else
                 formats.output_line(r.job_id, p.index, p.custom_id, p.url, p.model, found[0], worker, p.echo))
-        line["metrics"]["dtype"] = dtype  # which dtype answered: outputs compare only within one
+        line["metrics"]["dtype"] = dtype  # which dtype and weights answered: outputs compare only within one
+        if weights:
+            line["metrics"]["weight_format"] = weights.split(" ")[0]
         records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, sum(x.prompt_tokens for x in found),
                                     sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
     return records
