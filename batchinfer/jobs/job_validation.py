@@ -257,9 +257,10 @@ class _Rows:
         self._commit(self.rows)
         if committed and not last and self.on_rows is not _no_more_asks:
             _refresh_statistics(self.ctx, committed)  # the claims made on these rows plan on them (no empty job)
-            on_rows, self.on_rows = self.on_rows, _no_more_asks
+            ask, self.on_rows = self.on_rows, _no_more_asks
             try:  # a dispatch asked early; the queue move asks again, so a broker down here costs only the overlap
-                on_rows()
+                if ask is not None:
+                    ask()
             except Exception as exc:
                 log.warning("job %s: could not ask for a dispatch while validating: %s", self.job_id, one_line(exc))
 

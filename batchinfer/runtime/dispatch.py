@@ -89,9 +89,9 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans, queues, models = [], [], []
     config = config or planner_config(ctx)
-    for (model, validating), members in _by_model(requests, jobs).items():  # a unit never mixes models
+    for (model, growing), members in _by_model(requests, jobs).items():  # a unit never mixes models
         model_plans = plan_units(members, config)
-        if validating:  # a group of a file still validated may grow: only units it cannot grow wait no longer
+        if growing:  # a group of a file still validated may grow: only units it cannot grow wait no longer
             model_plans = [p for p in model_plans if _full(p, config)]
         plans += model_plans
         queues += _route(model_plans, model, live_workers or [], worker_loads)
