@@ -214,6 +214,7 @@ class _Rows:
 
     def __init__(self, ctx: AppContext, job_id: str, token: str, model: str, on_rows: Callable[[], None] | None):
         self.ctx, self.job_id, self.token, self.model, self.on_rows = ctx, job_id, token, model, on_rows
+        self.asked = False  # on_rows is called once: the dispatch's rounds follow the file from there
         self.rows: list[dict] = []
         self.lines: list[bytes] = []
         self.part = 0
@@ -255,18 +256,13 @@ class _Rows:
             self.lines.clear()
         committed = len(self.rows)
         self._commit(self.rows)
-        if committed and not last and self.on_rows is not _no_more_asks:
+        if committed and not last and self.on_rows is not None and not self.asked:
             _refresh_statistics(self.ctx, committed)  # the claims made on these rows plan on them (no empty job)
-            ask, self.on_rows = self.on_rows, _no_more_asks
+            self.asked = True
             try:  # a dispatch asked early; the queue move asks again, so a broker down here costs only the overlap
-                if ask is not None:
-                    ask()
+                self.on_rows()
             except Exception as exc:
                 log.warning("job %s: could not ask for a dispatch while validating: %s", self.job_id, one_line(exc))
-
-
-def _no_more_asks() -> None:
-    """Streaming stays on after the first ask (the dispatch's rounds follow the file from there)."""
 
 
 def _runs(job: Job, report: ValidationReport) -> bool:
