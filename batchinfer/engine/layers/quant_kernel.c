@@ -18,22 +18,31 @@
 #define SMALL_M 8
 #define FUSED_ROWS 4
 
+// One k of the FMA chain for R rows: every output is acc += x[r][k] * w(k), k in order, whatever the path.
+static inline __attribute__((always_inline)) void fma_rows(const int R, const float *x, int64_t K, int64_t k,
+                                                           __m256 w0, __m256 w1, __m256 acc[][2]) {
+    for (int r = 0; r < R; r++) {
+        const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
+        acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+    }
+}
+
+static inline __attribute__((always_inline)) void store_rows(const int R, __m256 acc[][2], float *y, int64_t N) {
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(y + r * N, acc[r][0]);
+        _mm256_storeu_ps(y + r * N + 8, acc[r][1]);
+    }
+}
+
 static inline __attribute__((always_inline)) void micro(const int R, const float *x, int64_t K,
                                                         const float *wp, float *y, int64_t N) {
     __m256 acc[ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        const __m256 w0 = _mm256_load_ps(wp + k * PANEL), w1 = _mm256_load_ps(wp + k * PANEL + 8);
-        for (int r = 0; r < R; r++) {
-            const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
-        }
+        fma_rows(R, x, K, k, _mm256_load_ps(wp + k * PANEL), _mm256_load_ps(wp + k * PANEL + 8), acc);
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(y + r * N, acc[r][0]);
-        _mm256_storeu_ps(y + r * N + 8, acc[r][1]);
-    }
+    store_rows(R, acc, y, N);
 }
 
 static void rows(const float *x, int64_t M, int64_t K, const float *wp, float *y, int64_t N) {
@@ -100,17 +109,10 @@ static inline __attribute__((always_inline)) void fused_q4_1(const int R, const 
             const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
             const __m256 w0 = _mm256_add_ps(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo))), m0);
             const __m256 w1 = _mm256_add_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi))), m1);
-            for (int r = 0; r < R; r++) {
-                const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-                acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
-            }
+            fma_rows(R, x, K, k, w0, w1, acc);
         }
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(y + r * N, acc[r][0]);
-        _mm256_storeu_ps(y + r * N + 8, acc[r][1]);
-    }
+    store_rows(R, acc, y, N);
 }
 
 static inline __attribute__((always_inline)) void fused_q8_0(const int R, const float *x, int64_t K,
@@ -125,17 +127,10 @@ static inline __attribute__((always_inline)) void fused_q8_0(const int R, const 
             const __m128i v = _mm_loadu_si128((const __m128i *)(qs + k * 16));
             const __m256 w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
             const __m256 w1 = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
-            for (int r = 0; r < R; r++) {
-                const __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-                acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
-            }
+            fma_rows(R, x, K, k, w0, w1, acc);
         }
     }
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(y + r * N, acc[r][0]);
-        _mm256_storeu_ps(y + r * N + 8, acc[r][1]);
-    }
+    store_rows(R, acc, y, N);
 }
 
 // Row tiles of up to FUSED_ROWS (M <= SMALL_M: at most two tiles, so a panel is decoded at most twice).
