@@ -30,7 +30,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
-        attention = make_attention_backend(self.config.attention_backend, self.config.device)
+        attention = make_attention_backend(self.config.attention_backend, self.config.device, self.config.cache_dir,
+                                           self.config.torch_dtype)
         eos = eos_token_ids(loaded)
         self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
         self.grammar = GrammarRunner(self.tokenizer, hf_config.vocab_size, frozenset(eos), self.stop_checker.token_bytes)

@@ -10,7 +10,6 @@ import pytest
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from batchinfer.engine.attention import make_attention_backend
-from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
 from batchinfer.engine.attention.triton_backend import TritonAttentionBackend
 from batchinfer.engine.loader import load_model
 
@@ -48,5 +47,5 @@ def test_triton_engine_generates_the_same_tokens_as_the_torch_backend(short_mode
 
 def test_triton_backend_is_the_default_on_cuda_only():
     assert isinstance(make_attention_backend("auto", "cuda"), TritonAttentionBackend)
-    assert isinstance(make_attention_backend("auto", "cpu"), TorchAttentionBackend)
+    assert not isinstance(make_attention_backend("auto", "cpu"), TritonAttentionBackend)
     assert isinstance(make_attention_backend("triton", "cpu"), TritonAttentionBackend)

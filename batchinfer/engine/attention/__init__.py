@@ -1,18 +1,47 @@
 """Attention backends behind one contract (base.py); pick one by name."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import torch
+
 from .base import AttentionBackend, AttentionMetadata
 
 
-def make_attention_backend(name: str, device: str) -> AttentionBackend:
-    """"auto" takes Triton on a GPU when it imports, the torch backend otherwise."""
+def make_attention_backend(name: str, device: str, cache_dir: str | None = None,
+                           dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """"auto" takes Triton on a GPU when it imports; on a CPU our C kernel for float32 where this machine can
+    build it (cpu_backend.py), else the torch backend."""
     if name == "auto":
-        name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
+        name = _auto(device, dtype, cache_dir)
     if name == "triton":
         from .triton_backend import TritonAttentionBackend
         return TritonAttentionBackend()
+    if name == "cpu":
+        from .cpu_backend import CpuAttentionBackend
+        return CpuAttentionBackend(cache_dir or _user_cache())
     from .torch_backend import TorchAttentionBackend
     return TorchAttentionBackend()
+
+
+def _auto(device: str, dtype: torch.dtype, cache_dir: str | None) -> str:
+    if str(device).startswith("cuda"):
+        return "triton" if _triton_available() else "torch"
+    if dtype != torch.float32:
+        return "torch"
+    from ..native_build import NativeKernelUnavailable
+    from .cpu_backend import load_attention_kernel
+    try:
+        load_attention_kernel(cache_dir or _user_cache())
+    except NativeKernelUnavailable:
+        return "torch"
+    return "cpu"
+
+
+def _user_cache() -> str:
+    """Where kernels build when the engine has no model cache: the user's own cache, never a shared /tmp."""
+    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchinfer")
 
 
 def _triton_available() -> bool:

@@ -1,0 +1,167 @@
+// Paged attention on the CPU (AVX2, FMA): each new token's query heads read their sequence's keys and values in
+// place in the paged cache, through its block table (no gather into a padded batch, no per-chunk GEMMs).
+//
+// Batch-invariant by construction: one (token, query head) row at a time. Its keys are taken in position order
+// in groups of 8 from its first visible key; each score is one dot product (one FMA chain over head_dim, then
+// one fixed reduction tree over the 8 lanes); the softmax's exps are one polynomial, summed lane-wise then over
+// the lanes in a fixed tree; the values are summed in position order. Nothing in a row's arithmetic depends on
+// the other rows of the call, their number, the threads, or whether the row is a decode, a fresh prefill or an
+// extend over a cached prefix: the same token gets the same bits everywhere.
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+#define MAX_D 256
+#define KEYS 8  // keys per score group: one vector of 8 scores
+
+// The 8 lanes of v summed: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax(__m256 v) {  // a max is exact in any order
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Lane u of the result is the sum of d[u]'s 8 lanes, ((0+1)+(2+3)) + ((4+5)+(6+7)), the same tree for every u.
+static inline __m256 hsum8(const __m256 d[KEYS]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+// exp(x) for x <= 0 (a softmax's scores minus their max), Cephes' expf: x = n ln2 + r, 2^n * p(r). Within 2 ulp
+// of expf; below -87.3 (and -inf, the lanes past a row's last key) it is exactly 0.
+static inline __m256 exp_ps(__m256 x) {
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
+}
+
+// Walks a row's keys in position order through its block table: one division at the start, none per key.
+typedef struct {
+    const float *cache;
+    const int32_t *table;
+    int64_t block, offset, bs, stride;
+} Cursor;
+
+static inline Cursor cursor(const float *cache, const int32_t *table, int64_t j, int bs, int64_t stride) {
+    return (Cursor){cache, table, j / bs, j % bs, bs, stride};
+}
+
+static inline const float *next_key(Cursor *c) {
+    const float *row = c->cache + ((int64_t)c->table[c->block] * c->bs + c->offset) * c->stride;
+    if (++c->offset == c->bs) c->offset = 0, c->block++;
+    return row;
+}
+
+// Scores of keys lo..hi into scores[0..], lanes past hi at -inf; returns their max.
+static inline __attribute__((always_inline)) float score_keys(const int D, const __m256 *qv, const float *k_cache,
+                                                              const int32_t *table, int64_t lo, int64_t hi, int bs,
+                                                              int64_t stride, float scale, float softcap,
+                                                              float *scores) {
+    __m256 top = _mm256_set1_ps(-INFINITY);
+    Cursor keys = cursor(k_cache, table, lo, bs, stride);
+    const float *k = NULL;
+    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
+        __m256 dots[KEYS];
+        for (int u = 0; u < KEYS; u++) {
+            if (j0 + u <= hi) k = next_key(&keys);  // past hi: the last key again, its score masked below
+            __m256 dot = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+            for (int c = 1; c < D / 8; c++) dot = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), dot);
+            dots[u] = dot;
+        }
+        __m256 s = _mm256_mul_ps(hsum8(dots), _mm256_set1_ps(scale));
+        if (softcap > 0) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane
+            float lanes[KEYS];
+            _mm256_storeu_ps(lanes, s);
+            for (int u = 0; u < KEYS; u++) lanes[u] = tanhf(lanes[u] / softcap) * softcap;
+            s = _mm256_loadu_ps(lanes);
+        }
+        const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256 past = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(hi - j0)), _CMP_GT_OQ);
+        s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
+        _mm256_storeu_ps(scores + (j0 - lo), s);
+        top = _mm256_max_ps(top, s);
+    }
+    return hmax(top);
+}
+
+static inline __attribute__((always_inline)) void attend(const int D, const float *q, const float *k_cache,
+                                                         const float *v_cache, const int32_t *table, int64_t lo,
+                                                         int64_t hi, int bs, int64_t stride, float scale,
+                                                         float softcap, float *scores, float *out) {
+    __m256 qv[MAX_D / 8], acc[MAX_D / 8];
+    for (int c = 0; c < D / 8; c++) qv[c] = _mm256_loadu_ps(q + 8 * c), acc[c] = _mm256_setzero_ps();
+    const __m256 top = _mm256_set1_ps(score_keys(D, qv, k_cache, table, lo, hi, bs, stride, scale, softcap, scores));
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {  // the weights, in place of the scores
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + (j0 - lo)), top));
+        total = _mm256_add_ps(total, e);
+        _mm256_storeu_ps(scores + (j0 - lo), e);
+    }
+    Cursor values = cursor(v_cache, table, lo, bs, stride);
+    for (int64_t j = lo; j <= hi; j++) {
+        const __m256 e = _mm256_broadcast_ss(scores + (j - lo));
+        const float *v = next_key(&values);
+        for (int c = 0; c < D / 8; c++) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    }
+    const __m256 t = _mm256_set1_ps(hsum(total));
+    for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out + 8 * c, _mm256_div_ps(acc[c], t));
+}
+
+// Store the new tokens' K/V rows ([new, hkv * d] each) at their cache slots.
+static void store_kv(const float *k, const float *v, float *k_cache, float *v_cache, const int64_t *slots,
+                     int64_t new_tokens, int64_t stride) {
+    for (int64_t i = 0; i < new_tokens; i++) {
+        memcpy(k_cache + slots[i] * stride, k + i * stride, stride * sizeof(float));
+        memcpy(v_cache + slots[i] * stride, v + i * stride, stride * sizeof(float));
+    }
+}
+
+// q, out: [tokens, hq, d]; k, v: [tokens, hkv, d], stored first at slots; caches: [blocks, bs, hkv, d];
+// seq, pos: [tokens] (the token's row in tables and its position); tables: [batch, width]. A token at position
+// p sees keys max(0, p - window + 1)..p (window <= 0: all); softcap <= 0: none.
+// scratch: threads * (max_len + KEYS) floats (one row's scores per thread).
+void paged_attention(const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
+                     const int64_t *slots, float *out, int64_t tokens, int hq, int hkv, int d, const int32_t *seq,
+                     const int32_t *pos, const int32_t *tables, int64_t width, int bs, float scale,
+                     int64_t window, float softcap, float *scratch, int64_t max_len, int threads) {
+    const int group = hq / hkv;
+    const int64_t stride = (int64_t)hkv * d;
+    store_kv(k, v, k_cache, v_cache, slots, tokens, stride);
+    // Rows differ in length (a long prefill's last tokens see the most keys): hand them out in small pieces.
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+    for (int64_t r = 0; r < tokens * hq; r++) {
+        const int64_t i = r / hq, hi = pos[i];
+        const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
+        const int kvh = (int)(r % hq) / group;
+        const int32_t *table = tables + (int64_t)seq[i] * width;
+        float *scores = scratch + (int64_t)omp_get_thread_num() * (max_len + KEYS);
+        const float *kc = k_cache + (int64_t)kvh * d, *vc = v_cache + (int64_t)kvh * d;
+        switch (d) {
+            case 64: attend(64, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
+            case 128: attend(128, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
+            default: attend(d, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
+        }
+    }
+}
