@@ -31,10 +31,13 @@ static inline float hmax(__m256 v) {  // a max is exact in any order
     return _mm_cvtss_f32(s);
 }
 
-// Lane u of the result is the sum of d[u]'s 8 lanes, ((0+1)+(2+3)) + ((4+5)+(6+7)), the same tree for every u.
-static inline __m256 hsum8(const __m256 d[KEYS]) {
-    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(d[4], d[5]), _mm256_hadd_ps(d[6], d[7]));
+// Four keys' dot vectors reduced to one vector: lanes (0..3, 4..7) hold ((0+1)+(2+3)) and ((4+5)+(6+7)) of each.
+static inline __m256 hsum4(const __m256 d[4]) {
+    return _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
+}
+
+// Lane u of the result is the sum of key u's 8 lanes, ((0+1)+(2+3)) + ((4+5)+(6+7)), the same tree for every u.
+static inline __m256 hsum8(__m256 a, __m256 b) {
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
@@ -83,14 +86,18 @@ static inline __attribute__((always_inline)) float score_keys(const int D, const
     Cursor keys = cursor(k_cache, table, lo, bs, stride);
     const float *k = NULL;
     for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
-        __m256 dots[KEYS];
-        for (int u = 0; u < KEYS; u++) {
-            if (j0 + u <= hi) k = next_key(&keys);  // past hi: the last key again, its score masked below
-            __m256 dot = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
-            for (int c = 1; c < D / 8; c++) dot = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), dot);
-            dots[u] = dot;
+        __m256 half[2];  // keys 0-3 and 4-7, each reduced as soon as its four dots are done (fewer registers)
+        for (int g = 0; g < 2; g++) {
+            __m256 dots[4];
+            for (int u = 0; u < 4; u++) {
+                if (j0 + 4 * g + u <= hi) k = next_key(&keys);  // past hi: the last key again, masked below
+                __m256 dot = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+                for (int c = 1; c < D / 8; c++) dot = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), dot);
+                dots[u] = dot;
+            }
+            half[g] = hsum4(dots);
         }
-        __m256 s = _mm256_mul_ps(hsum8(dots), _mm256_set1_ps(scale));
+        __m256 s = _mm256_mul_ps(hsum8(half[0], half[1]), _mm256_set1_ps(scale));
         if (softcap > 0) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane
             float lanes[KEYS];
             _mm256_storeu_ps(lanes, s);
