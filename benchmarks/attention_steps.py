@@ -10,40 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import time
 from pathlib import Path
 
-BLOCK, HQ, HKV, D, NUM_BLOCKS = 16, 9, 3, 64, 4096
-# name -> (new tokens per sequence, tokens per sequence after the step); sequences share no blocks here
+BLOCK, HKV, GROUP, D = 16, 3, 3, 64
+# name -> (cached tokens per sequence, new tokens per sequence); sequences share no blocks here
 SHAPES = {
-    "decode, 16 sequences at 150": ([1] * 16, [150] * 16),
-    "decode, 32 sequences at 390": ([1] * 32, [390] * 32),
-    "prefill of 388": ([388], [388]),
-    "31 extends of 20 over 370": ([20] * 31, [390] * 31),
+    "decode, 16 sequences at 150": ([149] * 16, [1] * 16),
+    "decode, 32 sequences at 390": ([389] * 32, [1] * 32),
+    "prefill of 388": ([0], [388]),
+    "31 extends of 20 over 370": ([370] * 31, [20] * 31),
 }
-
-
-def _batch(q_lens: list[int], seq_lens: list[int]):
-    import torch
-
-    from batchinfer.engine.attention.base import AttentionMetadata
-
-    free = list(range(1, NUM_BLOCKS))
-    random.Random(0).shuffle(free)
-    tables, slots = [], []
-    for q_len, total in zip(q_lens, seq_lens):
-        table = [free.pop() for _ in range(-(-total // BLOCK))]
-        tables.append(table)
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(total - q_len, total)]
-    width, cu = max(map(len, tables)), [0]
-    for q_len in q_lens:
-        cu.append(cu[-1] + q_len)
-    return AttentionMetadata(torch.tensor(slots), torch.tensor(cu, dtype=torch.int32),
-                             torch.tensor(seq_lens, dtype=torch.int32),
-                             torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-                             max(q_lens), max(seq_lens))
 
 
 def main() -> None:
@@ -51,6 +29,7 @@ def main() -> None:
 
     from batchinfer.engine.attention.cpu_backend import CpuAttentionBackend
     from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
+    from benchmarks.support.paged_batch import PagedBatch
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=21)
@@ -61,16 +40,14 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     backends = {"torch": TorchAttentionBackend(), "cpu kernel": CpuAttentionBackend(args.cache)}
-    k_cache, v_cache = torch.randn(NUM_BLOCKS, BLOCK, HKV, D), torch.randn(NUM_BLOCKS, BLOCK, HKV, D)
     report = {}
-    for name, (q_lens, seq_lens) in SHAPES.items():
-        meta, n = _batch(q_lens, seq_lens), sum(q_lens)
-        q, k, v = torch.randn(n, HQ, D), torch.randn(n, HKV, D), torch.randn(n, HKV, D)
+    for name, (prefixes, q_lens) in SHAPES.items():
+        batch = PagedBatch(prefixes, q_lens, BLOCK, HKV, GROUP, D, torch.float32)
         times: dict[str, list[float]] = {b: [] for b in backends}
         for _ in range(args.repeats + 1):  # the first round warms up and is dropped
             for label, backend in backends.items():
                 started = time.perf_counter()
-                backend.forward(q, k, v, k_cache, v_cache, meta, D ** -0.5)
+                backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
                 times[label].append(time.perf_counter() - started)
         report[name] = {label: round(statistics.median(t[1:]) * 1e3, 3) for label, t in times.items()}
         print(name, report[name], flush=True)

@@ -1,5 +1,6 @@
-"""The CPU attention kernel (attention/cpu_kernel.c) against a naive per-token reference on random ragged paged
-batches, and its batch invariance: a token's output bits do not depend on what else is in the call."""
+"""The CPU attention kernel (attention/cpu_kernel.c) against the plain torch reference on random ragged paged
+batches (benchmarks/support), and its batch invariance: a token's output bits do not depend on what else is in
+the call, nor on whether it is a decode or the last row of a prefill."""
 from __future__ import annotations
 
 import random
@@ -8,115 +9,71 @@ import pytest
 import torch
 
 from batchinfer.engine.attention import make_attention_backend
-from batchinfer.engine.attention.base import AttentionMetadata
 from batchinfer.engine.attention.cpu_backend import CpuAttentionBackend
 from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
 from batchinfer.engine.native_build import cpu_supported
+from benchmarks.support.kernel_reference import extend_attention_ref, store_kv_ref
+from benchmarks.support.paged_batch import PagedBatch
 
 pytestmark = [pytest.mark.fast,
               pytest.mark.skipif(not cpu_supported(), reason="the CPU kernels need avx2, fma and f16c")]
 
-BLOCK, HQ, HKV, NUM_BLOCKS = 4, 6, 2, 256
-
 
 @pytest.fixture(scope="module")
 def backend(tmp_path_factory) -> CpuAttentionBackend:
-    return CpuAttentionBackend(str(tmp_path_factory.mktemp("kernels")))
-
-
-def build_batch(rng: random.Random, q_lens: list[int], seq_lens: list[int]):
-    free = list(range(1, NUM_BLOCKS))
-    rng.shuffle(free)
-    tables, slots = [], []
-    for q_len, total in zip(q_lens, seq_lens):
-        table = [free.pop() for _ in range(-(-total // BLOCK))]
-        tables.append(table)
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(total - q_len, total)]
-    width = max(len(t) for t in tables)
-    cu = [0]
-    for q_len in q_lens:
-        cu.append(cu[-1] + q_len)
-    return AttentionMetadata(
-        slot_mapping=torch.tensor(slots), cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        max_seqlen_q=max(q_lens), max_seq_len=max(seq_lens)), tables
-
-
-def reference(q, k_cache, v_cache, tables, q_lens, seq_lens, scale, window=None, softcap=None):
-    d = q.shape[-1]
-    out, row = torch.empty_like(q), 0
-    for table, q_len, total in zip(tables, q_lens, seq_lens):
-        slots = torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(total)])
-        keys = k_cache.view(-1, HKV, d)[slots].double().repeat_interleave(HQ // HKV, dim=1)
-        values = v_cache.view(-1, HKV, d)[slots].double().repeat_interleave(HQ // HKV, dim=1)
-        for j in range(q_len):
-            p = total - q_len + j
-            first = max(0, p - window + 1) if window else 0
-            scores = torch.einsum("hd,khd->hk", q[row].double(), keys[first:p + 1]) * scale
-            if softcap:
-                scores = torch.tanh(scores / softcap) * softcap
-            out[row] = torch.einsum("hk,khd->hd", scores.softmax(-1), values[first:p + 1]).float()
-            row += 1
-    return out
+    return CpuAttentionBackend(str(tmp_path_factory.mktemp("cache")))
 
 
 def random_step(rng: random.Random) -> tuple[list[int], list[int]]:
-    q_lens, seq_lens = [], []
+    """(cached prefix, new tokens) per sequence: decodes, fresh prefills, short and long extends."""
+    prefixes, q_lens = [], []
     for _ in range(rng.randrange(1, 7)):
         kind = rng.choice(["decode", "fresh", "extend", "long_extend"])
-        cached = 0 if kind == "fresh" else rng.randrange(1, 40)
-        q_len = {"decode": 1, "fresh": rng.randrange(1, 30), "extend": rng.randrange(2, 20),
-                 "long_extend": rng.randrange(65, 90)}[kind]
-        q_lens.append(q_len)
-        seq_lens.append(cached + q_len)
-    return q_lens, seq_lens
+        prefixes.append(0 if kind == "fresh" else rng.randrange(1, 40))
+        q_lens.append({"decode": 1, "fresh": rng.randrange(1, 30), "extend": rng.randrange(2, 20),
+                       "long_extend": rng.randrange(65, 90)}[kind])
+    return prefixes, q_lens
 
 
-def tensors(q_lens: list[int], d: int):
-    total = sum(q_lens)
-    caches = torch.randn(NUM_BLOCKS, BLOCK, HKV, d), torch.randn(NUM_BLOCKS, BLOCK, HKV, d)
-    return (torch.randn(total, HQ, d), torch.randn(total, HKV, d), torch.randn(total, HKV, d)), caches
-
-
-@pytest.mark.parametrize("d", [8, 64, 128, 40])
+@pytest.mark.parametrize("head_dim", [8, 64, 128, 40])  # 64 and 128 are compiled apart; 8 and 40 the general loop
 @pytest.mark.parametrize("seed", range(4))
-def test_ragged_batch_matches_reference(backend, seed, d):
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    q_lens, seq_lens = random_step(rng)
-    meta, tables = build_batch(rng, q_lens, seq_lens)
-    (q, k, v), (k_cache, v_cache) = tensors(q_lens, d)
+def test_ragged_batch_matches_reference(backend, seed, head_dim):
+    prefixes, q_lens = random_step(random.Random(seed))
+    batch = PagedBatch(prefixes, q_lens, 4, 2, 3, head_dim, torch.float32, seed=seed)
     window, softcap = [(None, None), (7, None), (None, 2.5), (13, 4.0)][seed]
-    out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.3, window, softcap)
-    assert torch.equal(k_cache.view(-1, HKV, d)[meta.slot_mapping], k), "new keys must be stored at slot_mapping"
-    assert torch.equal(v_cache.view(-1, HKV, d)[meta.slot_mapping], v), "new values must be stored at slot_mapping"
-    expected = reference(q, k_cache, v_cache, tables, q_lens, seq_lens, 0.3, window, softcap)
-    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    out = backend.forward(batch.q, batch.k, batch.v, k_cache, v_cache, batch.meta, batch.scale, window, softcap)
+    stored = batch.stored_caches()
+    assert torch.equal(k_cache, stored[0]) and torch.equal(v_cache, stored[1]), "new K/V belong at slot_mapping"
+    meta = batch.meta
+    expected = extend_attention_ref(batch.q.double(), stored[0].double(), stored[1].double(), meta.cu_seqlens_q,
+                                    meta.seq_lens, meta.block_tables, batch.scale, window, softcap)
+    torch.testing.assert_close(out, expected.float(), atol=2e-6, rtol=1e-5)
 
 
-def test_a_token_gets_the_same_bits_alone_in_a_batch_and_inside_a_prefill(backend):
-    """Sequence 0's last token: as a decode alone, as a decode beside a mixed batch, and as the last row of a
-    prefill of its whole sequence: the cache holds the same keys each time, so the output is bitwise the same."""
-    rng = random.Random(7)
-    torch.manual_seed(7)
-    d, length = 64, 37
-    keys, values = torch.randn(length, HKV, d), torch.randn(length, HKV, d)
-    queries = torch.randn(length, HQ, d)
+def test_a_token_gets_the_same_bits_alone_beside_others_and_inside_a_prefill(backend):
+    """Sequence 0's last token (37 positions) as a decode alone, as a decode beside a mixed batch, and as the
+    last row of a prefill of its whole sequence: its keys and values are the same each time, in other blocks."""
+    length, heads, d = 37, 2, 64
+    gen = torch.Generator().manual_seed(7)
+    keys, values, queries = (torch.randn(length, heads, d, generator=gen) for _ in range(3))
+    queries = torch.randn(length, heads * 3, d, generator=gen)
     outputs = []
-    for q_lens, seq_lens in [([1], [length]), ([1, 5, 1, 30], [length, 20, 50, 44]), ([length], [length])]:
-        meta, _ = build_batch(rng, q_lens, seq_lens)
-        k_cache, v_cache = torch.zeros(NUM_BLOCKS, BLOCK, HKV, d), torch.zeros(NUM_BLOCKS, BLOCK, HKV, d)
-        table = meta.block_tables[0].tolist()
-        for p in range(length):  # sequence 0's earlier tokens are already cached
-            k_cache[table[p // BLOCK], p % BLOCK], v_cache[table[p // BLOCK], p % BLOCK] = keys[p], values[p]
-        n = sum(q_lens)
-        q, k, v = torch.randn(n, HQ, d), torch.randn(n, HKV, d), torch.randn(n, HKV, d)
-        first = length - q_lens[0]
-        q[:q_lens[0]], k[:q_lens[0]], v[:q_lens[0]] = queries[first:], keys[first:], values[first:]
-        out = backend.forward(q, k, v, k_cache, v_cache, meta, 0.125)
-        outputs.append(out[q_lens[0] - 1])
+    for seed, (prefixes, q_lens) in enumerate([([36], [1]), ([36, 15, 49, 14], [1, 5, 1, 30]), ([0], [37])]):
+        batch = PagedBatch(prefixes, q_lens, 4, heads, 3, d, torch.float32, seed=seed)
+        new = q_lens[0]
+        batch.q[:new], batch.k[:new], batch.v[:new] = queries[-new:], keys[-new:], values[-new:]
+        slots = _slots(batch, 0, length)
+        store_kv_ref(keys[:-new], values[:-new], batch.k_cache, batch.v_cache, slots[:-new])  # the cached prefix
+        out = backend.forward(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache, batch.meta, batch.scale)
+        outputs.append(out[new - 1])
     assert torch.equal(outputs[0], outputs[1]) and torch.equal(outputs[0], outputs[2])
+
+
+def _slots(batch: PagedBatch, seq: int, length: int) -> torch.Tensor:
+    block_size = batch.k_cache.shape[1]
+    pos = torch.arange(length)
+    return batch.meta.block_tables[seq, pos // block_size].long() * block_size + pos % block_size
 
 
 def test_auto_picks_the_kernel_for_float32_on_cpu_only(tmp_path):
@@ -125,12 +82,8 @@ def test_auto_picks_the_kernel_for_float32_on_cpu_only(tmp_path):
     assert isinstance(make_attention_backend("torch", "cpu", str(tmp_path)), TorchAttentionBackend)
 
 
-def test_bfloat16_falls_back_to_the_torch_backend(backend):
-    rng = random.Random(3)
-    q_lens, seq_lens = [1, 9], [12, 20]
-    meta, _ = build_batch(rng, q_lens, seq_lens)
-    (q, k, v), (k_cache, v_cache) = tensors(q_lens, 64)
-    args = [t.bfloat16() for t in (q, k, v)]
-    caches = k_cache.bfloat16(), v_cache.bfloat16()
-    expected = TorchAttentionBackend().forward(*args, *[c.clone() for c in caches], meta, 0.3)
-    assert torch.equal(backend.forward(*args, *caches, meta, 0.3), expected)
+def test_bfloat16_takes_the_torch_backend(backend):
+    batch = PagedBatch([11, 11], [1, 9], 4, 2, 3, 64, torch.bfloat16, seed=3)
+    args = batch.q, batch.k, batch.v
+    expected = TorchAttentionBackend().forward(*args, batch.k_cache.clone(), batch.v_cache.clone(), batch.meta, 0.3)
+    assert torch.equal(backend.forward(*args, batch.k_cache, batch.v_cache, batch.meta, 0.3), expected)
