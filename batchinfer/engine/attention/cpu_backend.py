@@ -2,7 +2,7 @@
 
 The torch backend (chunked.py) gathers every sequence's keys into a padded batch and runs a few small GEMMs per
 64-key chunk; on a CPU those gathers and tiny GEMMs cost several times the arithmetic. The kernel walks each
-row's keys through its block table instead. float32 only: other dtypes take the torch backend.
+row's keys through its block table instead. float32 only: other dtypes (and more than 16 query heads per KV head) take the torch backend.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 
 SOURCE = Path(__file__).with_name("cpu_kernel.c")
-MAX_HEAD_DIM, KEYS = 256, 8  # cpu_kernel.c MAX_D, KEYS
+MAX_HEAD_DIM, MAX_GROUP, KEYS = 256, 16, 8  # cpu_kernel.c MAX_D, MAX_G, KEYS
 
 
 @lru_cache(maxsize=1)
@@ -30,8 +30,8 @@ def load_attention_kernel(cache_dir: str) -> ctypes.CDLL:
     return lib
 
 
-def kernel_fits(dtype: torch.dtype, head_dim: int) -> bool:
-    return dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM
+def kernel_fits(dtype: torch.dtype, head_dim: int, group: int) -> bool:
+    return dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and group <= MAX_GROUP
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -51,14 +51,14 @@ class CpuAttentionBackend(AttentionBackend):
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-        if not kernel_fits(q.dtype, q.shape[-1]) or k_cache.dtype != torch.float32:
+        if not kernel_fits(q.dtype, q.shape[-1], q.shape[1] // k.shape[1]) or k_cache.dtype != torch.float32:
             return self.fallback.forward(q, k, v, k_cache, v_cache, meta, scale, window, softcap)
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
         seq, pos, tables, slots = self._get_plan(meta)
         threads = torch.get_num_threads()
-        scratch = torch.empty(threads * (meta.max_seq_len + KEYS), dtype=torch.float32)
+        scratch = torch.empty(threads * q.shape[1] // k.shape[1] * (meta.max_seq_len + KEYS), dtype=torch.float32)
         self.lib.paged_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                  slots.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2],
                                  q.shape[2], seq.data_ptr(), pos.data_ptr(), tables.data_ptr(), tables.shape[1],

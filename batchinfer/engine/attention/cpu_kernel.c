@@ -15,6 +15,8 @@
 
 #define MAX_D 256
 #define KEYS 8  // keys per score group: one vector of 8 scores
+#define VCHUNK 32  // values per chunk: 8 KB at head_dim 64
+#define MAX_G 16  // query heads per KV head
 
 // The 8 lanes of v summed: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
 static inline float hsum(__m256 v) {
@@ -77,63 +79,90 @@ static inline const float *next_key(Cursor *c) {
     return row;
 }
 
-// Scores of keys lo..hi into scores[0..], lanes past hi at -inf; returns their max.
-static inline __attribute__((always_inline)) float score_keys(const int D, const __m256 *qv, const float *k_cache,
-                                                              const int32_t *table, int64_t lo, int64_t hi, int bs,
-                                                              int64_t stride, float scale, float softcap,
-                                                              float *scores) {
-    __m256 top = _mm256_set1_ps(-INFINITY);
-    Cursor keys = cursor(k_cache, table, lo, bs, stride);
-    const float *k = NULL;
-    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
-        __m256 half[2];  // keys 0-3 and 4-7, each reduced as soon as its four dots are done (fewer registers)
-        for (int g = 0; g < 2; g++) {
-            __m256 dots[4];
-            for (int u = 0; u < 4; u++) {
-                if (j0 + 4 * g + u <= hi) k = next_key(&keys);  // past hi: the last key again, masked below
-                __m256 dot = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
-                for (int c = 1; c < D / 8; c++) dot = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), dot);
-                dots[u] = dot;
-            }
-            half[g] = hsum4(dots);
+// The scores of one head's keys j0..j0+7 (keys: their rows; past hi, the last again) into scores, lanes past hi
+// at -inf; returns them.
+static inline __attribute__((always_inline)) __m256 score8(const int D, const float *q, const float *const *keys,
+                                                           int64_t past, float scale, float softcap,
+                                                           float *scores) {
+    __m256 half[2];  // keys 0-3 and 4-7, each reduced as soon as its four dots are done (fewer registers)
+    for (int g = 0; g < 2; g++) {
+        __m256 dots[4];
+        for (int u = 0; u < 4; u++) {
+            const float *k = keys[4 * g + u];
+            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+            for (int c = 8; c < D; c += 8) dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), dot);
+            dots[u] = dot;
         }
-        __m256 s = _mm256_mul_ps(hsum8(half[0], half[1]), _mm256_set1_ps(scale));
-        if (softcap > 0) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane
-            float lanes[KEYS];
-            _mm256_storeu_ps(lanes, s);
-            for (int u = 0; u < KEYS; u++) lanes[u] = tanhf(lanes[u] / softcap) * softcap;
-            s = _mm256_loadu_ps(lanes);
-        }
-        const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-        const __m256 past = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(hi - j0)), _CMP_GT_OQ);
-        s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), past);
-        _mm256_storeu_ps(scores + (j0 - lo), s);
-        top = _mm256_max_ps(top, s);
+        half[g] = hsum4(dots);
     }
-    return hmax(top);
+    __m256 s = _mm256_mul_ps(hsum8(half[0], half[1]), _mm256_set1_ps(scale));
+    if (softcap > 0) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane
+        float lanes[KEYS];
+        _mm256_storeu_ps(lanes, s);
+        for (int u = 0; u < KEYS; u++) lanes[u] = tanhf(lanes[u] / softcap) * softcap;
+        s = _mm256_loadu_ps(lanes);
+    }
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(lane, _mm256_set1_ps((float)past), _CMP_GT_OQ));
+    _mm256_storeu_ps(scores, s);
+    return s;
 }
 
-static inline __attribute__((always_inline)) void attend(const int D, const float *q, const float *k_cache,
+// The G query heads that share one KV head, for one token at position hi (keys lo..hi). Each head's arithmetic is
+// that of a row alone (scores, then exps and their sum, then values, each in position order); the heads only
+// take turns on the same keys and values so that those are read from memory once and from L1 after.
+// q, out: [G, D]; scores: G * (hi - lo + 1 + KEYS) floats.
+static inline __attribute__((always_inline)) void attend(const int D, int G, const float *q, const float *k_cache,
                                                          const float *v_cache, const int32_t *table, int64_t lo,
                                                          int64_t hi, int bs, int64_t stride, float scale,
                                                          float softcap, float *scores, float *out) {
-    __m256 qv[MAX_D / 8], acc[MAX_D / 8];
-    for (int c = 0; c < D / 8; c++) qv[c] = _mm256_loadu_ps(q + 8 * c), acc[c] = _mm256_setzero_ps();
-    const __m256 top = _mm256_set1_ps(score_keys(D, qv, k_cache, table, lo, hi, bs, stride, scale, softcap, scores));
-    __m256 total = _mm256_setzero_ps();
-    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {  // the weights, in place of the scores
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + (j0 - lo)), top));
-        total = _mm256_add_ps(total, e);
-        _mm256_storeu_ps(scores + (j0 - lo), e);
+    const int64_t pitch = hi - lo + 1 + KEYS;
+    __m256 top[MAX_G];
+    for (int g = 0; g < G; g++) top[g] = _mm256_set1_ps(-INFINITY);
+    Cursor keys = cursor(k_cache, table, lo, bs, stride);
+    const float *k[KEYS] = {NULL};
+    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
+        for (int u = 0; u < KEYS; u++) k[u] = j0 + u <= hi ? next_key(&keys) : k[u - 1];
+        for (int g = 0; g < G; g++) {
+            const __m256 s = score8(D, q + g * D, k, hi - j0, scale, softcap, scores + g * pitch + (j0 - lo));
+            top[g] = _mm256_max_ps(top[g], s);
+        }
     }
+    float total[MAX_G];
+    for (int g = 0; g < G; g++) {  // the weights, in place of the scores
+        const __m256 t = _mm256_set1_ps(hmax(top[g]));
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
+            float *e = scores + g * pitch + (j0 - lo);
+            const __m256 w = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(e), t));
+            sum = _mm256_add_ps(sum, w);
+            _mm256_storeu_ps(e, w);
+        }
+        total[g] = hsum(sum);
+    }
+    // Values in chunks of VCHUNK keys (in L1 for every head); a head's accumulators wait in out between chunks
+    // (an fp32 store and load are exact: the same chain as one pass).
     Cursor values = cursor(v_cache, table, lo, bs, stride);
-    for (int64_t j = lo; j <= hi; j++) {
-        const __m256 e = _mm256_broadcast_ss(scores + (j - lo));
-        const float *v = next_key(&values);
-        for (int c = 0; c < D / 8; c++) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    const float *v[VCHUNK];
+    for (int64_t j0 = lo; j0 <= hi; j0 += VCHUNK) {
+        const int n = hi - j0 + 1 < VCHUNK ? (int)(hi - j0 + 1) : VCHUNK;
+        for (int u = 0; u < n; u++) v[u] = next_key(&values);
+        for (int g = 0; g < G; g++) {
+            __m256 acc[MAX_D / 8];
+            float *o = out + g * D;
+            for (int c = 0; c < D / 8; c++) acc[c] = j0 == lo ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * c);
+            const float *e = scores + g * pitch + (j0 - lo);
+            for (int u = 0; u < n; u++) {
+                const __m256 w = _mm256_broadcast_ss(e + u);
+                for (int c = 0; c < D / 8; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v[u] + 8 * c), acc[c]);
+            }
+            for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+        }
     }
-    const __m256 t = _mm256_set1_ps(hsum(total));
-    for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out + 8 * c, _mm256_div_ps(acc[c], t));
+    for (int g = 0; g < G; g++) {
+        const __m256 t = _mm256_set1_ps(total[g]);
+        for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out + g * D + 8 * c, _mm256_div_ps(_mm256_loadu_ps(out + g * D + 8 * c), t));
+    }
 }
 
 // Store the new tokens' K/V rows ([new, hkv * d] each) at their cache slots.
@@ -148,7 +177,7 @@ static void store_kv(const float *k, const float *v, float *k_cache, float *v_ca
 // q, out: [tokens, hq, d]; k, v: [tokens, hkv, d], stored first at slots; caches: [blocks, bs, hkv, d];
 // seq, pos: [tokens] (the token's row in tables and its position); tables: [batch, width]. A token at position
 // p sees keys max(0, p - window + 1)..p (window <= 0: all); softcap <= 0: none.
-// scratch: threads * (max_len + KEYS) floats (one row's scores per thread).
+// scratch: threads * hq / hkv * (max_len + KEYS) floats (a group's scores per thread).
 void paged_attention(const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
                      const int64_t *slots, float *out, int64_t tokens, int hq, int hkv, int d, const int32_t *seq,
                      const int32_t *pos, const int32_t *tables, int64_t width, int bs, float scale,
@@ -156,19 +185,20 @@ void paged_attention(const float *q, const float *k, const float *v, float *k_ca
     const int group = hq / hkv;
     const int64_t stride = (int64_t)hkv * d;
     store_kv(k, v, k_cache, v_cache, slots, tokens, stride);
-    // Rows differ in length (a long prefill's last tokens see the most keys): hand them out in small pieces.
-#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
-    for (int64_t r = 0; r < tokens * hq; r++) {
-        const int64_t i = r / hq, hi = pos[i];
+    // Tokens differ in length (a long prefill's last tokens see the most keys): hand them out in small pieces.
+#pragma omp parallel for schedule(dynamic, 2) num_threads(threads)
+    for (int64_t r = 0; r < tokens * hkv; r++) {
+        const int64_t i = r / hkv, hi = pos[i];
         const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
-        const int kvh = (int)(r % hq) / group;
+        const int kvh = (int)(r % hkv);
         const int32_t *table = tables + (int64_t)seq[i] * width;
-        float *scores = scratch + (int64_t)omp_get_thread_num() * (max_len + KEYS);
+        float *scores = scratch + (int64_t)omp_get_thread_num() * group * (max_len + KEYS);
         const float *kc = k_cache + (int64_t)kvh * d, *vc = v_cache + (int64_t)kvh * d;
+        const int64_t row = (i * hq + (int64_t)kvh * group) * d;  // the group's first head
         switch (d) {
-            case 64: attend(64, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
-            case 128: attend(128, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
-            default: attend(d, q + r * d, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + r * d); break;
+            case 64: attend(64, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
+            case 128: attend(128, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
+            default: attend(d, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
         }
     }
 }
