@@ -2,7 +2,7 @@
 
 The torch backend (chunked.py) gathers every sequence's keys into a padded batch and runs a few small GEMMs per
 64-key chunk; on a CPU those gathers and tiny GEMMs cost several times the arithmetic. The kernel walks each
-row's keys through its block table instead. float32 only: other dtypes (and more than 16 query heads per KV head) take the torch backend.
+row's keys through its block table instead. float32 only: other dtypes (and more than 32 query heads per KV head) take the torch backend.
 """
 from __future__ import annotations
 
@@ -17,21 +17,21 @@ from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 
 SOURCE = Path(__file__).with_name("cpu_kernel.c")
-MAX_HEAD_DIM, MAX_GROUP, KEYS = 256, 16, 8  # cpu_kernel.c MAX_D, MAX_G, KEYS
+MAX_HEAD_DIM, MAX_ROWS, KEYS = 256, 32, 8  # cpu_kernel.c MAX_D, MAX_ROWS, KEYS
 
 
 @lru_cache(maxsize=1)
 def load_attention_kernel(cache_dir: str) -> ctypes.CDLL:
     lib = build_library(SOURCE, cache_dir, "CPU attention kernel")
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    lib.paged_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i32, i32, i32, ptr, ptr, ptr, i64, i32, f32,
-                                    i64, f32, ptr, i64, i32]
+    lib.paged_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i32, i32, i32, ptr, ptr, i64, ptr, i64, i32,
+                                    f32, i64, f32, ptr, i64, i32]
     lib.paged_attention.restype = None
     return lib
 
 
 def kernel_fits(dtype: torch.dtype, head_dim: int, group: int) -> bool:
-    return dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and group <= MAX_GROUP
+    return dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and group <= MAX_ROWS
 
 
 class CpuAttentionBackend(AttentionBackend):
@@ -39,7 +39,7 @@ class CpuAttentionBackend(AttentionBackend):
         self.lib = load_attention_kernel(cache_dir)
         self.fallback = TorchAttentionBackend()  # bf16/fp16 engines, odd head sizes
         self._plan_for: AttentionMetadata | None = None
-        self._plan: tuple[torch.Tensor, ...] | None = None
+        self._plan: tuple[int, tuple[torch.Tensor, ...]] | None = None
 
     @property
     def row_pad(self) -> int:  # the runner sets the probed GEMM row pad; only the fallback's GEMMs use it
@@ -56,27 +56,29 @@ class CpuAttentionBackend(AttentionBackend):
         assert k_cache.is_contiguous() and v_cache.is_contiguous()
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
-        seq, pos, tables, slots = self._get_plan(meta)
+        group = q.shape[1] // k.shape[1]
+        pos, tiles, tables, slots = self._get_plan(meta, max(1, MAX_ROWS // group))
         threads = torch.get_num_threads()
-        scratch = torch.empty(threads * q.shape[1] // k.shape[1] * (meta.max_seq_len + KEYS), dtype=torch.float32)
+        scratch = torch.empty(threads * MAX_ROWS * (meta.max_seq_len + KEYS), dtype=torch.float32)
         self.lib.paged_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                  slots.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2],
-                                 q.shape[2], seq.data_ptr(), pos.data_ptr(), tables.data_ptr(), tables.shape[1],
-                                 k_cache.shape[1], scale, window or 0, softcap or 0.0, scratch.data_ptr(),
-                                 meta.max_seq_len, threads)
+                                 q.shape[2], pos.data_ptr(), tiles.data_ptr(), tiles.shape[0], tables.data_ptr(),
+                                 tables.shape[1], k_cache.shape[1], scale, window or 0, softcap or 0.0,
+                                 scratch.data_ptr(), meta.max_seq_len, threads)
         return out
 
-    def _get_plan(self, meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
-        """Each new token's row in the block tables, its position and its cache slot: once per step, shared by
-        every layer."""
-        if self._plan_for is not meta:
-            cu = meta.cu_seqlens_q.long()
-            q_lens = cu[1:] - cu[:-1]
-            seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
-            first = (meta.seq_lens.long() - q_lens)[seq]  # the position of each sequence's first new token
-            pos = first + torch.arange(len(seq)) - cu[:-1][seq]
-            tables = meta.block_tables.to(torch.int32).contiguous()
-            slots = meta.slot_mapping.to(torch.int64).contiguous()
-            self._plan_for, self._plan = meta, (seq.to(torch.int32), pos.to(torch.int32), tables, slots)
-        assert self._plan is not None
-        return self._plan
+    def _get_plan(self, meta: AttentionMetadata, tile_tokens: int) -> tuple[torch.Tensor, ...]:
+        """Each new token's position, the tiles (sequence, first token, tokens: consecutive tokens of one sequence
+        that share reads of its keys), the block tables and the slots: once per step, shared by every layer."""
+        if self._plan_for is not meta or self._plan is None or self._plan[0] != tile_tokens:
+            cu, seq_lens = meta.cu_seqlens_q.tolist(), meta.seq_lens.tolist()
+            pos: list[int] = []
+            tiles: list[tuple[int, int, int]] = []
+            for i, total in enumerate(seq_lens):
+                q_len = cu[i + 1] - cu[i]
+                pos += range(total - q_len, total)
+                tiles += [(i, cu[i] + t, min(tile_tokens, q_len - t)) for t in range(0, q_len, tile_tokens)]
+            plan = (torch.tensor(pos, dtype=torch.int32), torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3),
+                    meta.block_tables.to(torch.int32).contiguous(), meta.slot_mapping.to(torch.int64).contiguous())
+            self._plan_for, self._plan = meta, (tile_tokens, plan)
+        return self._plan[1]

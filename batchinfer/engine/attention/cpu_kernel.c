@@ -16,7 +16,7 @@
 #define MAX_D 256
 #define KEYS 8  // keys per score group: one vector of 8 scores
 #define VCHUNK 32  // values per chunk: 8 KB at head_dim 64
-#define MAX_G 16  // query heads per KV head
+#define MAX_ROWS 32  // rows of a tile: query heads per KV head times tokens
 
 // The 8 lanes of v summed: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
 static inline float hsum(__m256 v) {
@@ -108,60 +108,65 @@ static inline __attribute__((always_inline)) __m256 score8(const int D, const fl
     return s;
 }
 
-// The G query heads that share one KV head, for one token at position hi (keys lo..hi). Each head's arithmetic is
-// that of a row alone (scores, then exps and their sum, then values, each in position order); the heads only
-// take turns on the same keys and values so that those are read from memory once and from L1 after.
-// q, out: [G, D]; scores: G * (hi - lo + 1 + KEYS) floats.
-static inline __attribute__((always_inline)) void attend(const int D, int G, const float *q, const float *k_cache,
+// R rows that share one KV head and see keys from the same lo: the G query heads of T consecutive tokens of one
+// sequence, row r up to position his[r]. Each row's arithmetic is that of a row alone (its scores, then its exps
+// and their sum, then its values, each in position order from lo); the rows only take turns on the same keys and
+// values so that those are read from memory once and from L1 after. scores: R * (max his - lo + 1 + KEYS) floats.
+static inline __attribute__((always_inline)) void attend(const int D, int R, const float *const *q,
+                                                         float *const *out, const int64_t *his, const float *k_cache,
                                                          const float *v_cache, const int32_t *table, int64_t lo,
-                                                         int64_t hi, int bs, int64_t stride, float scale,
-                                                         float softcap, float *scores, float *out) {
+                                                         int bs, int64_t stride, float scale, float softcap,
+                                                         float *scores) {
+    int64_t hi = lo;
+    for (int r = 0; r < R; r++) hi = his[r] > hi ? his[r] : hi;
     const int64_t pitch = hi - lo + 1 + KEYS;
-    __m256 top[MAX_G];
-    for (int g = 0; g < G; g++) top[g] = _mm256_set1_ps(-INFINITY);
+    __m256 top[MAX_ROWS];
+    for (int r = 0; r < R; r++) top[r] = _mm256_set1_ps(-INFINITY);
     Cursor keys = cursor(k_cache, table, lo, bs, stride);
     const float *k[KEYS] = {NULL};
     for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
         for (int u = 0; u < KEYS; u++) k[u] = j0 + u <= hi ? next_key(&keys) : k[u - 1];
-        for (int g = 0; g < G; g++) {
-            const __m256 s = score8(D, q + g * D, k, hi - j0, scale, softcap, scores + g * pitch + (j0 - lo));
-            top[g] = _mm256_max_ps(top[g], s);
+        for (int r = 0; r < R; r++) {  // lanes past a row's last key: masked to -inf, whatever they read
+            if (j0 > his[r]) continue;
+            const __m256 s = score8(D, q[r], k, his[r] - j0, scale, softcap, scores + r * pitch + (j0 - lo));
+            top[r] = _mm256_max_ps(top[r], s);
         }
     }
-    float total[MAX_G];
-    for (int g = 0; g < G; g++) {  // the weights, in place of the scores
-        const __m256 t = _mm256_set1_ps(hmax(top[g]));
+    float total[MAX_ROWS];
+    for (int r = 0; r < R; r++) {  // the weights, in place of the scores
+        const __m256 t = _mm256_set1_ps(hmax(top[r]));
         __m256 sum = _mm256_setzero_ps();
-        for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
-            float *e = scores + g * pitch + (j0 - lo);
+        for (int64_t j0 = lo; j0 <= his[r]; j0 += KEYS) {
+            float *e = scores + r * pitch + (j0 - lo);
             const __m256 w = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(e), t));
             sum = _mm256_add_ps(sum, w);
             _mm256_storeu_ps(e, w);
         }
-        total[g] = hsum(sum);
+        total[r] = hsum(sum);
     }
-    // Values in chunks of VCHUNK keys (in L1 for every head); a head's accumulators wait in out between chunks
-    // (an fp32 store and load are exact: the same chain as one pass).
+    // Values in chunks of VCHUNK keys (in L1 for every row); a row's accumulators wait in out between chunks (an
+    // fp32 store and load are exact: the same chain as one pass).
     Cursor values = cursor(v_cache, table, lo, bs, stride);
     const float *v[VCHUNK];
     for (int64_t j0 = lo; j0 <= hi; j0 += VCHUNK) {
         const int n = hi - j0 + 1 < VCHUNK ? (int)(hi - j0 + 1) : VCHUNK;
         for (int u = 0; u < n; u++) v[u] = next_key(&values);
-        for (int g = 0; g < G; g++) {
+        for (int r = 0; r < R; r++) {
+            if (j0 > his[r]) continue;
+            const int m = his[r] - j0 + 1 < n ? (int)(his[r] - j0 + 1) : n;
             __m256 acc[MAX_D / 8];
-            float *o = out + g * D;
-            for (int c = 0; c < D / 8; c++) acc[c] = j0 == lo ? _mm256_setzero_ps() : _mm256_loadu_ps(o + 8 * c);
-            const float *e = scores + g * pitch + (j0 - lo);
-            for (int u = 0; u < n; u++) {
+            for (int c = 0; c < D / 8; c++) acc[c] = j0 == lo ? _mm256_setzero_ps() : _mm256_loadu_ps(out[r] + 8 * c);
+            const float *e = scores + r * pitch + (j0 - lo);
+            for (int u = 0; u < m; u++) {
                 const __m256 w = _mm256_broadcast_ss(e + u);
                 for (int c = 0; c < D / 8; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v[u] + 8 * c), acc[c]);
             }
-            for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+            for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out[r] + 8 * c, acc[c]);
         }
     }
-    for (int g = 0; g < G; g++) {
-        const __m256 t = _mm256_set1_ps(total[g]);
-        for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out + g * D + 8 * c, _mm256_div_ps(_mm256_loadu_ps(out + g * D + 8 * c), t));
+    for (int r = 0; r < R; r++) {
+        const __m256 t = _mm256_set1_ps(total[r]);
+        for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out[r] + 8 * c, _mm256_div_ps(_mm256_loadu_ps(out[r] + 8 * c), t));
     }
 }
 
@@ -174,31 +179,52 @@ static void store_kv(const float *k, const float *v, float *k_cache, float *v_ca
     }
 }
 
+// One task: KV head kvh for the tokens first..first+count-1 of one sequence (consecutive positions). With a window
+// each token sees keys from its own lo, so each is its own tile of G rows.
+static void attend_tile(const float *q, float *out, const float *k_cache, const float *v_cache, int hq, int group,
+                        int d, int kvh, int64_t first, int count, const int32_t *pos, const int32_t *table,
+                        int bs, int64_t stride, float scale, int64_t window, float softcap, float *scores) {
+    const float *kc = k_cache + (int64_t)kvh * d, *vc = v_cache + (int64_t)kvh * d;
+    const int per = window > 0 ? 1 : count;  // tokens that share a lo
+    for (int t0 = 0; t0 < count; t0 += per) {
+        const float *qs[MAX_ROWS];
+        float *os[MAX_ROWS];
+        int64_t his[MAX_ROWS];
+        int R = 0;
+        for (int t = t0; t < t0 + per; t++) {
+            for (int g = 0; g < group; g++, R++) {
+                const int64_t row = ((first + t) * hq + (int64_t)kvh * group + g) * d;
+                qs[R] = q + row, os[R] = out + row, his[R] = pos[first + t];
+            }
+        }
+        const int64_t hi = pos[first + t0];
+        const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
+        switch (d) {
+            case 64: attend(64, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
+            case 128: attend(128, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
+            default: attend(d, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
+        }
+    }
+}
+
 // q, out: [tokens, hq, d]; k, v: [tokens, hkv, d], stored first at slots; caches: [blocks, bs, hkv, d];
-// seq, pos: [tokens] (the token's row in tables and its position); tables: [batch, width]. A token at position
-// p sees keys max(0, p - window + 1)..p (window <= 0: all); softcap <= 0: none.
-// scratch: threads * hq / hkv * (max_len + KEYS) floats (a group's scores per thread).
+// pos: [tokens] each token's position; tiles: [num_tiles, 3] (the row of the tiles' sequence in tables, its
+// first token, its token count <= MAX_ROWS / (hq / hkv)); tables: [batch, width]. A token at position p sees
+// keys max(0, p - window + 1)..p (window <= 0: all); softcap <= 0: none.
+// scratch: threads * MAX_ROWS * (max_len + KEYS) floats (a tile's scores per thread).
 void paged_attention(const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
-                     const int64_t *slots, float *out, int64_t tokens, int hq, int hkv, int d, const int32_t *seq,
-                     const int32_t *pos, const int32_t *tables, int64_t width, int bs, float scale,
-                     int64_t window, float softcap, float *scratch, int64_t max_len, int threads) {
+                     const int64_t *slots, float *out, int64_t tokens, int hq, int hkv, int d, const int32_t *pos,
+                     const int32_t *tiles, int64_t num_tiles, const int32_t *tables, int64_t width, int bs,
+                     float scale, int64_t window, float softcap, float *scratch, int64_t max_len, int threads) {
     const int group = hq / hkv;
     const int64_t stride = (int64_t)hkv * d;
     store_kv(k, v, k_cache, v_cache, slots, tokens, stride);
-    // Tokens differ in length (a long prefill's last tokens see the most keys): hand them out in small pieces.
-#pragma omp parallel for schedule(dynamic, 2) num_threads(threads)
-    for (int64_t r = 0; r < tokens * hkv; r++) {
-        const int64_t i = r / hkv, hi = pos[i];
-        const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
-        const int kvh = (int)(r % hkv);
-        const int32_t *table = tables + (int64_t)seq[i] * width;
-        float *scores = scratch + (int64_t)omp_get_thread_num() * group * (max_len + KEYS);
-        const float *kc = k_cache + (int64_t)kvh * d, *vc = v_cache + (int64_t)kvh * d;
-        const int64_t row = (i * hq + (int64_t)kvh * group) * d;  // the group's first head
-        switch (d) {
-            case 64: attend(64, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
-            case 128: attend(128, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
-            default: attend(d, group, q + row, kc, vc, table, lo, hi, bs, stride, scale, softcap, scores, out + row); break;
-        }
+    // Tiles differ in length (a long prefill's last tokens see the most keys): hand them out one at a time.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t r = 0; r < num_tiles * hkv; r++) {
+        const int32_t *tile = tiles + (r / hkv) * 3;
+        float *scores = scratch + (int64_t)omp_get_thread_num() * MAX_ROWS * (max_len + KEYS);
+        attend_tile(q, out, k_cache, v_cache, hq, group, d, (int)(r % hkv), tile[1], tile[2], pos,
+                    tables + (int64_t)tile[0] * width, bs, stride, scale, window, softcap, scores);
     }
 }
