@@ -33,7 +33,7 @@ class PipelineOptions:
     storage: str = "s3"
     timeout_s: float = 1800.0
     keep: bool = False
-    stream: bool = False  # BATCHINFER_STREAM_DISPATCH: units start while the file is still validated
+    stream: bool = True  # BATCHINFER_STREAM_DISPATCH (the default): units start while the file is still validated
 
     def __post_init__(self):
         for name in ("requests", "workers", "system_prompts"):

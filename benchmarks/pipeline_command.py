@@ -24,8 +24,8 @@ def bench_pipeline_command(
     work_dir: Annotated[Path | None, typer.Option(help="inputs, outputs and logs (default: a new temp dir)")] = None,
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-pipeline.json"),
     keep: Annotated[bool, typer.Option(help="keep the database afterwards")] = False,
-    stream: Annotated[bool, typer.Option(help="streaming dispatch (BATCHINFER_STREAM_DISPATCH): units start while "
-                                              "the file is still validated")] = False,
+    stream: Annotated[bool, typer.Option(help="streaming dispatch (BATCHINFER_STREAM_DISPATCH, the default): units "
+                                              "start while the file is still validated; --no-stream: after it")] = True,
 ) -> None:
     """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W null-engine workers; each phase timed."""
     try:
