@@ -33,10 +33,11 @@ class PipelineOptions:
     storage: str = "s3"
     timeout_s: float = 1800.0
     keep: bool = False
-    stream: bool = False  # BATCHINFER_STREAM_DISPATCH: units start while the file is still validated
+    stream: bool = True  # BATCHINFER_STREAM_DISPATCH (the default): units start while the file is still validated
+    unit_requests: int = 64  # BATCHINFER_MAX_REQUESTS_PER_UNIT: each unit pays ~2 transactions and 2 S3 calls
 
     def __post_init__(self):
-        for name in ("requests", "workers", "system_prompts"):
+        for name in ("requests", "workers", "system_prompts", "unit_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -49,6 +50,7 @@ def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
     cluster = LoadCluster(work, options.postgres, options.redis, options.storage, options.keep)
     cluster.env["BATCHINFER_ENGINE"] = "null"  # the workers and the submit process; asked for by name
     cluster.env["BATCHINFER_STREAM_DISPATCH"] = "1" if options.stream else "0"
+    cluster.env["BATCHINFER_MAX_REQUESTS_PER_UNIT"] = str(options.unit_requests)
     try:
         names = cluster.start_workers(options.workers, threads=1)
         return _measure(options, cluster, names, path, progress)

@@ -24,12 +24,14 @@ def bench_pipeline_command(
     work_dir: Annotated[Path | None, typer.Option(help="inputs, outputs and logs (default: a new temp dir)")] = None,
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-pipeline.json"),
     keep: Annotated[bool, typer.Option(help="keep the database afterwards")] = False,
-    stream: Annotated[bool, typer.Option(help="streaming dispatch (BATCHINFER_STREAM_DISPATCH): units start while "
-                                              "the file is still validated")] = False,
+    stream: Annotated[bool, typer.Option(help="streaming dispatch (BATCHINFER_STREAM_DISPATCH, the default): units "
+                                              "start while the file is still validated; --no-stream: after it")] = True,
+    unit_requests: Annotated[int, typer.Option(help="requests a unit holds at most (BATCHINFER_MAX_REQUESTS_PER_UNIT)")] = 64,
 ) -> None:
     """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W null-engine workers; each phase timed."""
     try:
-        options = PipelineOptions(requests, workers, system_prompts, postgres, redis, storage, timeout, keep, stream)
+        options = PipelineOptions(requests, workers, system_prompts, postgres, redis, storage, timeout, keep, stream,
+                                  unit_requests)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     work = work_dir or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))

@@ -134,7 +134,7 @@ def test_a_validation_rerun_after_units_ran_starts_clean_and_the_job_completes_w
 
 
 def test_without_the_setting_nothing_of_a_validating_job_is_planned(make_context, postgres_url, tiny_model):
-    ctx = make_context(database_url=postgres_url, model=tiny_model, engine="null")
+    ctx = make_context(database_url=postgres_url, model=tiny_model, engine="null", stream_dispatch=False)
     job_id = _create(ctx, _lines(N))
     planned = []
     job = validate_job(ctx, job_id, on_rows=lambda: planned.append(dispatch(ctx, [], UNIT)))

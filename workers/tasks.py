@@ -64,6 +64,7 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no:
     if not lock.acquire(token=incarnation):
         log.info("dispatch skipped: another dispatcher still holds the lock; the sweep dispatches what it leaves")
         return 0
+    began = time.monotonic()  # the round's own length, not its wait for the lock
     sent: list[DispatchedUnit] = []
 
     def send_and_renew(batch: list[DispatchedUnit]) -> None:
@@ -90,15 +91,25 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no:
     # a round that planned nothing stops (what it could not plan is left to the sweep): rounds always progress
     if round_no is not None and sent and more_pending(ctx):
         if still_validating(ctx):
-            next_round(round_no + 1, STREAM_ROUND_GAP_S)
+            next_round(round_no + 1, stream_round_gap(time.monotonic() - began))
         else:
             next_round(round_no + 1)
     return len(sent)
 
 
 # a file still validated keeps a round chain going; a solo worker takes the shared queue's next round before the
-# units just sent (measured: 13 rounds back to back, one unit between them), so a round waits this long
+# units just sent (measured: 13 rounds back to back, one unit between them), so a round waits at least this long
 STREAM_ROUND_GAP_S = 2.0
+# and STREAM_ROUND_SHARE times its own length: a streamed round plans all that is pending and reads again every part
+# holding a pending row, so it grows with the file (0.7 -> 9 s at 50,000; with the 2 s gap alone a solo worker spent
+# 33 s of a 39 s validation in rounds and ran 15 units between them). The queue move plans what the rounds left.
+STREAM_ROUND_SHARE = 3.0
+STREAM_ROUND_GAP_MAX_S = 30.0  # a long file still streams: its rounds keep coming while it validates
+
+
+def stream_round_gap(round_s: float) -> float:
+    """The countdown of the next round while a file is still validated: the worker runs units in between."""
+    return min(STREAM_ROUND_GAP_MAX_S, max(STREAM_ROUND_GAP_S, STREAM_ROUND_SHARE * round_s))
 
 
 def next_round(round_no: int, countdown: float | None = None) -> None:

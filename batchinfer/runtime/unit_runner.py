@@ -37,6 +37,7 @@ class UnitOutcome:
     prefix_key: str = ""
     work_tokens: int = 0  # uncached prompt + completion tokens this run computed
     unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
+    jobs: frozenset[str] = frozenset()  # every job with a request in the unit (read by its commit)
 
 
 OnResult = Callable[[GenerationResult], None]
@@ -63,7 +64,7 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:
-        jobs = sorted(({job_id for job_id, _ in to_run} | units.jobs_of_unit(ctx, unit_id)) - outcome.unfinished_jobs)
+        jobs = sorted(({job_id for job_id, _ in to_run} | outcome.jobs) - outcome.unfinished_jobs)
         # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
         outcome.finalized_jobs = tuple(j for j in jobs if ending.try_finalize(ctx, j))
     return outcome
@@ -162,7 +163,7 @@ def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records) ->
     if committed is None:
         return UnitOutcome(unit_id, committed=False)
     return UnitOutcome(unit_id, committed=True, completed=committed.completed, failed=committed.failed,
-                       unfinished_jobs=committed.unfinished_jobs)
+                       unfinished_jobs=committed.unfinished_jobs, jobs=committed.jobs)
 
 
 def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:

@@ -37,6 +37,7 @@ class CommittedUnit:
     failed: int
     # jobs whose counts, after this commit, still leave requests open: no finalize to try for them yet
     unfinished_jobs: frozenset[str] = frozenset()
+    jobs: frozenset[str] = frozenset()  # every job with a request in the unit (a cancelled one's too)
 
 
 def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
@@ -118,11 +119,14 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     T.apply(unit, T.START_UNIT)
     unit.started_at, unit.worker, unit.incarnation, unit.waiting_for = now, worker, incarnation, None
     unit.attempts += 1
-    runnable = (select(Request.job_id, Request.index).join(Job, Job.id == Request.job_id)
+    runnable = (select(Request.job_id, Request.index, Job.status).join(Job, Job.id == Request.job_id)
                 .where(Request.unit_id == unit_id, Job.status.in_(T.UNIT_JOB_STATES),
                        Request.status.in_(T.RUN_REQUEST.current_states)))
-    to_run = {(j, i) for j, i in session.execute(runnable)}
-    for job_id in sorted({j for j, _ in to_run}):
+    rows = session.execute(runnable).all()
+    to_run = {(j, i) for j, i, _ in rows}
+    # no UPDATE for a job already in progress (every unit but its first): it never goes back. A validating one
+    # still gets it: its queue move may commit meanwhile, and the UPDATE waits for that and then starts it
+    for job_id in sorted({j for j, _, status in rows if status != JobStatus.IN_PROGRESS}):
         T.move(session, T.START_JOB, Job.id == job_id, now=now)
     # The state condition matters: a cancel that committed while this waited for the row keeps its
     # `cancelled` (already counted as failed); without it the request ran and was counted twice. One
@@ -159,8 +163,9 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
     job_ids = sorted({j for j, _ in records})
     if job_ids:
         session.execute(select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update())
-    still_open = set(session.execute(select(Request.job_id, Request.index).where(
-        Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
+    held = session.execute(select(Request.job_id, Request.index, Request.status).where(Request.unit_id == unit_id)).all()
+    open_states = set(T.COMPLETE_REQUEST.current_states)
+    still_open = {(j, i) for j, i, status in held if status in open_states}
     records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
     for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
         batch = [(j, i, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
@@ -168,7 +173,8 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
     unfinished = _add_to_job_counts(session, records)
     n_ok = sum(1 for r in records.values() if r.ok)
-    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished)
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished,
+                         jobs=frozenset(j for j, _, _ in held))
 
 
 def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:
@@ -243,9 +249,3 @@ def note_unit_error(ctx: AppContext, unit_id: str, cause: str) -> None:
     retrying(ctx.sessions, lambda session: session.execute(
         update(WorkUnit).where(WorkUnit.id == unit_id, WorkUnit.status == UnitStatus.RUNNING)
         .values(last_error=cause[:1000])), attempts=1)
-
-
-def jobs_of_unit(ctx: AppContext, unit_id: str) -> set[str]:
-    with ctx.sessions() as session:
-        return set(session.scalars(select(Request.job_id).where(Request.unit_id == unit_id).distinct()))
-
