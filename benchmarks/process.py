@@ -41,8 +41,10 @@ def request_file(workload: Workload, path: Path) -> None:
 
 def timed(cmd: list[str], env: dict, timeout_s: float) -> dict:
     """Run one process; wall time, CPU time (user + sys, from wait4: it moves less than wall time on a shared
-    machine) and its own peak RSS: the largest VmHWM seen while it ran. Not wait4's ru_maxrss: on Linux a
-    forked child starts with its parent's high-water mark, so a big parent inflates it."""
+    machine; a child it waited for, such as `run`'s engine process, counts) and its own peak RSS: the largest
+    VmHWM seen while it ran, plus its children's (the engine process's; pages they share from before the fork
+    count twice). Not wait4's ru_maxrss: on Linux a forked child starts with its parent's high-water mark, so
+    a big parent inflates it."""
     start = time.time()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
@@ -69,13 +71,20 @@ def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, resource
     """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
-        peak = max(peak, hwm_kib(proc.pid))
+        peak = max(peak, hwm_kib(proc.pid) + sum(map(hwm_kib, _children(proc.pid))))
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
             return status, peak, usage
         time.sleep(0.01)
     raise TimeoutError
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return []
 
 
 def hwm_kib(pid: int) -> int:

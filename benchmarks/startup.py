@@ -33,14 +33,21 @@ def clean_env(**extra: str) -> dict:
     return env | {"BATCHINFER_MODEL_CACHE": str(get_settings().model_cache)} | extra
 
 
-def run_start_up(work: Path, repeat: int, timeout_s: float = 600) -> list[dict]:
-    """`batchinfer run` of one request (1 token out), `repeat` times after one untimed run."""
+# `run` as it starts by default (the model loads in an engine process beside the CLI), and all in one process
+RUN_VARIANTS = {"two processes": {}, "one process": {"BATCHINFER_ENGINE_PROCESS": "0"}}
+
+
+def run_start_up(work: Path, repeat: int, timeout_s: float = 600, variants: dict | None = None) -> list[dict]:
+    """`batchinfer run` of one request (1 token out), `repeat` times after one untimed run; with variants (name ->
+    extra environment), each variant in turn, so a load that comes and goes touches them alike."""
     requests, out = work / "one.jsonl", work / "results.jsonl"
     requests.write_text(ONE_REQUEST)
     env = clean_env(BATCHINFER_DATA_DIR=str((work / "data").resolve()))
     cmd = [sys.executable, "-m", "batchinfer.cli", "run", str(requests), "-o", str(out)]
     timed(cmd, env, timeout_s)  # makes the database, as a user's first run did
-    return [_with_load(timed(cmd, env, timeout_s)) for _ in range(repeat)]
+    variants = variants or {None: {}}
+    return [_with_load(timed(cmd, env | extra, timeout_s)) | ({"variant": name} if name else {})
+            for _ in range(repeat) for name, extra in variants.items()]
 
 
 def worker_start_up(work: Path, postgres: str, repeat: int, timeout_s: float = 600) -> list[dict]:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from .process_command import _lscpu_model, _uptime
-from .startup import run_start_up, summary, worker_start_up
+from .startup import RUN_VARIANTS, run_start_up, summary, worker_start_up
 
 POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -19,6 +19,7 @@ POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 def bench_startup_command(
     repeat: Annotated[int, typer.Option(min=1, help="timed runs of each (medians are reported)")] = 3,
     worker: Annotated[bool, typer.Option(help="also time a `batchinfer worker` up to its first unit done")] = True,
+    compare: Annotated[bool, typer.Option(help="`run` in two processes (the default) and in one, runs alternating")] = False,
     postgres: Annotated[str, typer.Option(help="PostgreSQL server for the worker case; a fresh database is made")] = POSTGRES,
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-startup.json"),
 ) -> None:
@@ -30,7 +31,7 @@ def bench_startup_command(
         work = Path(tmp)
         typer.echo("batchinfer run, 1 request", err=True)
         (work / "run").mkdir()
-        report["run"] = run_start_up(work / "run", repeat)
+        report["run"] = run_start_up(work / "run", repeat, variants=RUN_VARIANTS if compare else None)
         if worker:
             typer.echo("batchinfer worker, to its first unit done", err=True)
             (work / "worker").mkdir()
@@ -39,6 +40,9 @@ def bench_startup_command(
         for row in rows or []:
             row.pop("stdout", None)
     report["summary"] = {name: summary(report[name]) for name in ("run", "worker") if name in report}
+    if compare:
+        report["summary"] = {f"run, {name}": summary([r for r in report["run"] if r["variant"] == name])
+                             for name in RUN_VARIANTS} | {k: v for k, v in report["summary"].items() if k != "run"}
     report["machine"]["load_after"] = _uptime()
     out.write_text(json.dumps(report, indent=1))
     for name, figures in report["summary"].items():

@@ -138,6 +138,15 @@ def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
     assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]
 
 
+def test_start_up_bench_alternates_run_in_two_processes_and_in_one(tmp_path):
+    from benchmarks.startup import RUN_VARIANTS, run_start_up
+
+    rows = run_start_up(tmp_path, repeat=1, variants=RUN_VARIANTS)
+    assert [(r["variant"], r["rc"]) for r in rows] == [("two processes", 0), ("one process", 0)]
+    # the engine process's memory counts in the two-process run's peak (batchinfer/runtime/engine_process.py)
+    assert rows[0]["max_rss_mib"] > rows[1]["max_rss_mib"] > 100
+
+
 @pytest.mark.fast
 def test_the_product_cli_has_one_bench_door_listing_every_benchmark():
     from batchinfer.cli.app import app

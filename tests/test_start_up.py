@@ -35,13 +35,17 @@ def test_the_cli_imports_neither_torch_nor_services_before_a_command_needs_them(
 
 
 def test_run_of_one_request_imports_torch_but_no_service_client_alembic_or_transformers(tmp_path, model_cache):
-    env = cli_env(tmp_path, model_cache)
+    env = cli_env(tmp_path, model_cache, BATCHINFER_ENGINE_PROCESS="0")
     requests = tmp_path / "one.jsonl"
     requests.write_text(chat_line("a", "Hi", max_tokens=1) + "\n")
     assert _imported(env, "run", str(requests), "-o", str(tmp_path / "first.jsonl"))[0] == 0  # makes the db
     rc, modules = _imported(env, "run", str(requests), "-o", str(tmp_path / "out.jsonl"))
     assert rc == 0 and (tmp_path / "out.jsonl").read_text().count("\n") == 1
     assert "torch" in modules and modules & NEVER_ON_RUN == set()
+    # in two processes (the default) torch is the engine process's alone (batchinfer/runtime/engine_process.py)
+    rc, modules = _imported(env | {"BATCHINFER_ENGINE_PROCESS": "1"}, "run", str(requests), "-o", str(tmp_path / "two.jsonl"))
+    assert rc == 0 and (tmp_path / "two.jsonl").read_text().count("\n") == 1
+    assert modules & (NEVER_ON_RUN | {"torch"}) == set()
     # the exit skips the teardown but closes the database: SQLite folds its write-ahead log back in and removes it
     assert (tmp_path / "data" / "batchinfer.db").exists() and not (tmp_path / "data" / "batchinfer.db-wal").exists()
 

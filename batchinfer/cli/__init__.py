@@ -7,7 +7,3 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 # wall time on a shared 2-core machine and kept a core busy between steps (docs/benchmarks.md, "OpenMP wait
 # policy"). A dedicated quiet machine gains on 32-row decode steps with OMP_WAIT_POLICY=ACTIVE; a setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from batchinfer.cli.app import app  # noqa: E402
-
-__all__ = ["app"]

@@ -206,12 +206,19 @@ def _open_input(path: Path):
     return open(path, "rb")
 
 
-def _run_in_process(ctx, job, quiet: bool = False) -> None:
+def _run_in_process(ctx, job, quiet: bool = False, engine=None) -> None:
+    """engine: `run`'s engine process (batchinfer/runtime/engine_process.py), which generates; else this one."""
     from batchinfer.cli.progress import RunProgress
     from batchinfer.runtime.embedded import run_pending
+    from batchinfer.runtime.engine_host import get_generator
+    from batchinfer.runtime.engine_process import EngineProcessLost
 
+    load = get_generator if engine is None else engine.generator_for
     with RunProgress(err, job.total - job.invalid, quiet) as progress:
-        run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded)
+        try:
+            run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded, load=load)
+        except EngineProcessLost as exc:
+            raise BatchInferError(str(exc)) from None
 
 
 def _summary(job, output: Path | None = None) -> None:
@@ -513,11 +520,16 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         model_id = _first_named_model(file)
     _force_model(model, model_id)
     ctx = _context(embedded=True)
+    from batchinfer.runtime.engine_process import started
+
+    engine = started()  # forked at start, importing torch since: the model loads while we validate
+    if engine is not None:
+        engine.load(ctx.settings)
     with _open_input(file) as source:
         job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json=False)
-    _run_in_process(ctx, job)
+    _run_in_process(ctx, job, engine=engine)
     with open(output, "wb") as target:
         service.download(ctx, job.id, target)
     job = service.get(ctx, job.id)

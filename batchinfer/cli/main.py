@@ -11,7 +11,11 @@ import threading
 
 def main() -> None:
     """The console script and `python -m batchinfer.cli`. Click ends every command with SystemExit; any other
-    exception (a bug's traceback, Ctrl-C outside a command) takes the interpreter's own way out."""
+    exception (a bug's traceback, Ctrl-C outside a command) takes the interpreter's own way out. A `run` forks
+    its engine process first, before the CLI's imports (batchinfer/runtime/engine_process.py)."""
+    from batchinfer.runtime.engine_process import start_for
+
+    start_for(sys.argv[1:])
     from batchinfer.cli.app import app
 
     try:

@@ -13,9 +13,11 @@ from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.jobs.webhooks.delivery import deliver_due
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.runtime.engine_host import get_generator
+from batchinfer.runtime.generator import Generator
 from batchinfer.jobs.outage import ServiceOutage
 from batchinfer.runtime.outage import UnitReleased
 from batchinfer.runtime.unit_runner import UnitOutcome, fail_unit, run_unit
+from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +25,11 @@ EMBEDDED_WORKER = "embedded"
 
 
 def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = None,
-                on_loaded: Callable[[], None] | None = None) -> list[UnitOutcome]:
+                on_loaded: Callable[[], None] | None = None,
+                load: Callable[[Settings], Generator] = get_generator) -> list[UnitOutcome]:
     """Without a broker the sweep's job-state half runs here: before dispatch, between units and at the end.
     After the run, the webhooks that are due are delivered (one attempt each: the outbox keeps what failed
-    for a later run)."""
+    for a later run). load gives a model's generator (`batchinfer run`'s comes from its engine process)."""
     sweep_jobs(ctx)
     dispatch(ctx, [EMBEDDED_WORKER])
     unit_ids = _unfinished_units(ctx)  # includes units an interrupted earlier run left behind
@@ -37,7 +40,7 @@ def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = No
         if settings is None:  # validation refuses such a model; a unit of one can only come from elsewhere
             outcomes.append(fail_unit(ctx, unit_id, f"model {model!r} is not configured here (BATCHINFER_MODELS)"))
             continue
-        generator = get_generator(settings)  # each model is loaded once, on its first unit
+        generator = load(settings)  # each model is loaded once, on its first unit
         if on_loaded and not loaded:
             on_loaded()
             loaded = True

@@ -29,8 +29,7 @@ def engine_config(settings: Settings):
 def get_generator(settings: Settings):
     """LLMEngine (or the transformers reference when BATCHINFER_ENGINE=hf, or the null engine when =null),
     loaded once per process."""
-    key = (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
-           settings.kv_block_size, settings.embedding_pooling, settings.weight_format)
+    key = generator_key(settings)
     if key not in _generators:
         started = time.time()
         _generators[key] = generator = _load(settings)
@@ -40,6 +39,12 @@ def get_generator(settings: Settings):
         if hasattr(generator, "weights_note"):  # LLMEngine's; the hf and null engines have no weight formats
             print(f"weights {generator.weights_note}", file=sys.stderr)
     return _generators[key]
+
+
+def generator_key(settings: Settings) -> tuple:
+    """Settings with the same key share one loaded generator."""
+    return (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
+            settings.kv_block_size, settings.embedding_pooling, settings.weight_format)
 
 
 def _load(settings: Settings):

@@ -1,0 +1,210 @@
+"""`batchinfer run` in two processes. Importing torch is most of a warm run's start-up (docs/benchmarks.md,
+"Start-up"), and a thread cannot overlap it (one GIL). So a child forked before the CLI's own imports imports
+torch and loads the model while the parent parses, validates and submits; the parent's unit runner then generates
+through it (RemoteGenerator) and writes the results. BATCHINFER_ENGINE_PROCESS=0 keeps all in one process."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import signal
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: every command imports this module at its start (batchinfer/cli/main.py)
+    from multiprocessing.connection import Connection
+
+_started: EngineProcess | None = None
+IMPORT_NICE = 5  # how far the torch import yields to the parent's work on a busy machine (3:1 at equal shares)
+
+
+def start_for(argv: list[str]) -> None:
+    """Fork the engine process if this command is a `run`. Called first thing: no thread, no torch yet. The
+    environment is read here, not from Settings, because importing those is what the fork runs beside."""
+    global _started
+    if argv[:1] == ["run"] and "--help" not in argv and os.environ.get("BATCHINFER_ENGINE_PROCESS", "1") != "0":
+        # what both processes need, imported once (settings and pydantic: ~0.2 s of CPU that each would pay)
+        import batchinfer.runtime.engine_host  # noqa: F401
+        import batchinfer.runtime.engine_messages  # noqa: F401
+
+        _started = EngineProcess.fork()
+        atexit.register(_started.close)  # an invalid file's error, or the end: the child is killed, not awaited
+
+
+def started() -> EngineProcess | None:
+    return _started
+
+
+class EngineProcessLost(BaseException):
+    """The engine process died (killed: out of memory, a signal). A BaseException: no request of the unit failed,
+    so the unit runner must not record one; the run stops and says so."""
+
+
+class EngineProcess:
+    """The parent's handle: load(settings) as soon as the options are known, generator_for(settings) when a unit
+    needs it, close() on the way out (the process holds nothing to save: it is killed)."""
+
+    def __init__(self, pid: int, conn: Connection):
+        self.pid, self.conn = pid, conn
+        self.settings = None
+        self._generator = None
+        self._status: int | None = None
+
+    @classmethod
+    def fork(cls) -> EngineProcess:
+        from multiprocessing.connection import Pipe
+
+        parent_end, child_end = Pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            parent_end.close()
+            _serve(child_end, parent)  # never returns
+        child_end.close()
+        return cls(pid, parent_end)
+
+    def load(self, settings) -> None:
+        from batchinfer.runtime import engine_messages as msg
+
+        self.settings = settings
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died: generator_for says how
+            self.conn.send(msg.Load(settings))
+
+    def generator_for(self, settings):
+        """The remote generator when settings name the model loaded there, else the model loaded in this process
+        (another model of BATCHINFER_MODELS). Raises what the load raised, as get_generator would."""
+        from batchinfer.runtime import engine_messages as msg
+        from batchinfer.runtime.engine_host import generator_key, get_generator
+        from batchinfer.runtime.remote_generator import RemoteGenerator
+
+        if self.settings is None or generator_key(settings) != generator_key(self.settings):
+            return get_generator(settings)
+        if self._generator is None:
+            reply = self.recv()
+            if isinstance(reply, msg.Failed):
+                raise reply.exception()
+            self._generator = RemoteGenerator(self, reply)
+        return self._generator
+
+    def send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._lost() from None
+
+    def recv(self, timeout_s: float | None = None):
+        """The next message, or None after timeout_s."""
+        try:
+            if timeout_s is not None and not self.conn.poll(timeout_s):
+                return None
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError):
+            raise self._lost() from None
+
+    def close(self) -> None:
+        if self._status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._reap()
+        self.conn.close()
+
+    def _reap(self) -> int:
+        if self._status is None:
+            self._status = os.waitpid(self.pid, 0)[1]
+        return self._status
+
+    def _lost(self) -> EngineProcessLost:
+        status = self._reap()
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            why = " (out of memory?)" if sig == signal.SIGKILL else ""
+            return EngineProcessLost(f"the engine process was killed by {signal.Signals(sig).name}{why}")
+        return EngineProcessLost(f"the engine process ended (exit code {os.WEXITSTATUS(status)})")
+
+
+def _serve(conn: Connection, parent: int) -> None:
+    """The child's whole life; it ends with os._exit (the parent's atexit handlers and buffers are not its own)."""
+    code = 0
+    try:
+        _die_with_parent(parent)
+        # the one setting read before Settings exist: the null engine needs no torch (most tests run it)
+        if os.environ.get("BATCHINFER_ENGINE", "batchinfer") != "null":
+            _import_torch_yielding()
+        generator = _load(conn, conn.recv())
+        if generator is not None:
+            _answer(conn, generator)
+    except (EOFError, BrokenPipeError, ConnectionResetError):  # the parent is gone or done
+        pass
+    except KeyboardInterrupt:  # Ctrl-C reached the whole group: the parent reports it
+        code = 130
+    except BaseException:  # noqa: BLE001 - nothing of the child may print a traceback over the parent's output
+        code = 1
+    os._exit(code)
+
+
+def _die_with_parent(parent: int) -> None:
+    """The parent killed outright (SIGKILL) cannot kill the child: the kernel does (Linux)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(1)
+
+
+def _import_torch_yielding() -> None:
+    """import torch (the long part, beside the parent's start) in a thread of lower priority (Linux's nice is per
+    thread): on a busy machine the parent's validation goes first, so an invalid file's error is not delayed by a
+    model it will not need; the model itself then loads, and generates, at the process's own priority."""
+    def low_priority_import() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + IMPORT_NICE)
+        import torch  # noqa: F401
+
+    thread = threading.Thread(target=low_priority_import, name="import-torch")
+    thread.start()
+    thread.join()
+
+
+def _load(conn: Connection, load):
+    from batchinfer.runtime import engine_messages as msg
+    from batchinfer.runtime.engine_host import get_generator
+
+    notes = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(notes):
+            generator = get_generator(load.settings)
+    except Exception as exc:  # noqa: BLE001 - the parent raises it again, as a one-process run would have
+        conn.send(msg.Failed.of(exc))
+        return None
+    conn.send(msg.Loaded(generator.dtype_note, getattr(generator, "weights_note", None), notes.getvalue(),
+                         hasattr(generator, "step_stats")))
+    return generator
+
+
+def _answer(conn: Connection, generator) -> None:
+    from batchinfer.runtime import engine_messages as msg
+
+    while True:
+        ask = conn.recv()
+        if isinstance(ask, msg.AskStepStats):
+            conn.send(generator.step_stats)
+        elif isinstance(ask, msg.Generate):
+            conn.send(_generate(conn, generator, ask.requests))
+
+
+def _generate(conn: Connection, generator, requests):
+    from batchinfer.runtime import engine_messages as msg
+
+    aborted: set[str] = set()
+
+    def aborts() -> set[str]:  # asked each engine step: the parent's aborts arrive while the engine runs
+        while conn.poll(0):
+            aborted.update(conn.recv().request_ids)
+        return aborted
+
+    try:
+        return msg.Returned(generator.generate(requests, on_result=lambda r: conn.send(msg.Result(r)), aborts=aborts))
+    except Exception as exc:  # noqa: BLE001 - the unit runner handles it in the parent, as it would here
+        return msg.Failed.of(exc)

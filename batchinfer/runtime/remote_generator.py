@@ -1,0 +1,45 @@
+"""A Generator whose engine runs in the engine process (engine_process.py): the unit runner in `batchinfer run`
+uses it as it would the engine itself."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Collection, Iterable
+
+from batchinfer.engine.types import GenerationRequest, GenerationResult
+from batchinfer.runtime import engine_messages as msg
+
+POLL_S = 0.05  # how often aborts() is asked while the engine runs (the engine asks it each step)
+
+
+class RemoteGenerator:
+    def __init__(self, process, loaded: msg.Loaded):
+        self.process = process
+        self.dtype_note = loaded.dtype_note
+        if loaded.weights_note is not None:
+            self.weights_note = loaded.weights_note
+        self._has_step_stats = loaded.has_step_stats
+        sys.stderr.write(loaded.notes)  # the dtype and weights lines, as get_generator prints them
+
+    def __getattr__(self, name: str):
+        if name == "step_stats" and self._has_step_stats:  # a snapshot: the unit runner takes differences
+            self.process.send(msg.AskStepStats())
+            return self.process.recv()
+        raise AttributeError(name)
+
+    def generate(self, requests: Iterable[GenerationRequest],
+                 on_result: Callable[[GenerationResult], None] | None = None,
+                 aborts: Callable[[], Collection[str]] | None = None) -> list[GenerationResult]:
+        self.process.send(msg.Generate(list(requests)))
+        sent: set[str] = set()
+        while True:
+            if aborts is not None and (new := set(aborts()) - sent):
+                self.process.send(msg.Abort(frozenset(new)))
+                sent |= new
+            reply = self.process.recv(POLL_S if aborts is not None else None)
+            if isinstance(reply, msg.Result):
+                if on_result is not None:
+                    on_result(reply.result)
+            elif isinstance(reply, msg.Returned):
+                return reply.results
+            elif isinstance(reply, msg.Failed):
+                raise reply.exception()

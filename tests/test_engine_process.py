@@ -1,0 +1,93 @@
+"""`batchinfer run` in two processes (batchinfer/runtime/engine_process.py): the same results and the same errors
+as in one (BATCHINFER_ENGINE_PROCESS=0), and a dead engine process ends the run with one line, never a hang."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cli_helpers import batchinfer, cli_env
+from jobfiles import chat_line
+
+ONE_PROCESS = {"BATCHINFER_ENGINE_PROCESS": "0"}
+
+
+def _comparable(line: str) -> tuple:
+    """An output line less what differs between any two runs: ids, the creation time, the timings."""
+    row = json.loads(line)
+    body = (row["response"] or {}).get("body") or {}
+    metrics = row.get("metrics") or {}
+    return (row["custom_id"], body.get("model"), body.get("choices"), body.get("usage"), row["error"],
+            metrics.get("worker"), metrics.get("dtype"), metrics.get("weight_format"))
+
+
+def _requests(tmp_path: Path) -> Path:
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(chat_line(f"r{i}", f"Name a colour, {i}.", max_tokens=4) + "\n" for i in range(3)))
+    return path
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def test_run_in_two_processes_writes_what_one_process_writes(tmp_path, model_cache):
+    requests = _requests(tmp_path)
+    two = batchinfer(cli_env(tmp_path, model_cache), "run", str(requests), "-o", str(tmp_path / "two.jsonl"))
+    one = batchinfer(cli_env(tmp_path, model_cache, **ONE_PROCESS), "run", str(requests), "-o", str(tmp_path / "one.jsonl"))
+    assert two.returncode == one.returncode == 0, two.stderr + one.stderr
+    lines = {name: (tmp_path / f"{name}.jsonl").read_text().splitlines() for name in ("one", "two")}
+    assert len(lines["two"]) == 3 and list(map(_comparable, lines["two"])) == list(map(_comparable, lines["one"]))
+    # the notes the model load prints reach the user from the engine process too
+    assert [x for x in two.stderr.splitlines() if x.startswith(("dtype ", "weights "))] == \
+           [x for x in one.stderr.splitlines() if x.startswith(("dtype ", "weights "))]
+
+
+def test_a_model_the_engine_process_cannot_load_is_the_same_one_line_error(tmp_path, model_cache, tiny_model):
+    # the tiny model has a tokenizer (validation passes) but no weights: the load fails in the engine process
+    requests = _requests(tmp_path)
+    args = ("run", str(requests), "-o", str(tmp_path / "out.jsonl"), "--model", tiny_model)
+    two = batchinfer(cli_env(tmp_path, model_cache), *args, timeout=120)
+    one = batchinfer(cli_env(tmp_path, model_cache, **ONE_PROCESS), *args, timeout=120)
+    assert two.returncode == one.returncode == 1
+    assert "Traceback" not in two.stderr and two.stderr.splitlines()[-1].startswith("error: ")
+    assert two.stderr.splitlines()[-1] == one.stderr.splitlines()[-1]
+
+
+def test_a_killed_engine_process_ends_the_run_with_one_line(tmp_path, model_cache):
+    env = cli_env(tmp_path, model_cache)
+    run = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "run", str(_requests(tmp_path)), "-o",
+                            str(tmp_path / "out.jsonl")], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _children(run.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (engine,) = _children(run.pid)  # forked first thing, before the CLI's imports
+    os.kill(engine, signal.SIGKILL)  # as the kernel's out-of-memory killer would
+    stderr = run.communicate(timeout=120)[1]
+    assert run.returncode == 1
+    assert stderr.splitlines()[-1] == "error: the engine process was killed by SIGKILL (out of memory?)"
+    assert "Traceback" not in stderr
+
+
+def test_an_invalid_file_is_reported_as_in_one_process_and_the_engine_process_is_gone(tmp_path, model_cache):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"custom_id": "x", "method": "POST"}\n')
+    args = ("run", str(bad), "-o", str(tmp_path / "out.jsonl"))
+    run = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=cli_env(tmp_path, model_cache),
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _children(run.pid) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engines = _children(run.pid)
+    stderr = run.communicate(timeout=120)[1]
+    one = batchinfer(cli_env(tmp_path, model_cache, **ONE_PROCESS), *args)
+    assert run.returncode == one.returncode == 2
+    assert stderr.splitlines()[0] == one.stderr.splitlines()[0] and "Traceback" not in stderr
+    assert all(not Path(f"/proc/{pid}").exists() for pid in engines)  # killed and reaped, not left to finish
