@@ -19,6 +19,8 @@ model:
 	from batchinfer.runtime.engine_host import engine_config; from batchinfer.settings import Settings; \
 	t = time.time(); s = Settings(); c = engine_config(s); \
 	m = load_model_light(s.model, s.model_cache, c.torch_dtype, c.weight_format); \
+	from batchinfer.engine.attention import make_attention_backend; \
+	make_attention_backend(c.attention_backend, c.device, str(s.model_cache), c.torch_dtype); \
 	print('model ready at', m.path, f'(dtype {c.dtype_note}, weights {m.weight_format} ({m.weight_format_reason}), {time.time() - t:.1f} s)')"
 
 # llama.cpp for the bench's baselines: a source build with flags picked from /proc/cpuinfo (AMX off).
