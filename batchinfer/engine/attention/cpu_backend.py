@@ -2,7 +2,8 @@
 
 The torch backend (chunked.py) gathers every sequence's keys into a padded batch and runs a few small GEMMs per
 64-key chunk; on a CPU those gathers and tiny GEMMs cost several times the arithmetic. The kernel walks each
-row's keys through its block table instead. float32 only: other dtypes (and more than 32 query heads per KV head) take the torch backend.
+row's keys through its block table instead. float32 only: other dtypes, and more than 32 query heads per KV
+head, take the torch backend.
 """
 from __future__ import annotations
 
