@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .process import hwm_kib, timed
+from .process import children, hwm_kib, timed
 
 ONE_REQUEST = ('{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
                '"smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}], '
@@ -33,7 +33,7 @@ def clean_env(**extra: str) -> dict:
     return env | {"BATCHINFER_MODEL_CACHE": str(get_settings().model_cache)} | extra
 
 
-# `run` as it starts by default (the model loads in an engine process beside the CLI), and all in one process
+# `run` and `worker` as they start by default (the model loads in an engine process beside the CLI), and all in one
 RUN_VARIANTS = {"two processes": {}, "one process": {"BATCHINFER_ENGINE_PROCESS": "0"}}
 
 
@@ -50,18 +50,22 @@ def run_start_up(work: Path, repeat: int, timeout_s: float = 600, variants: dict
             for _ in range(repeat) for name, extra in variants.items()]
 
 
-def worker_start_up(work: Path, postgres: str, repeat: int, timeout_s: float = 600) -> list[dict]:
-    """A one-request job is queued first; then a worker starts, and the clock runs until the job is completed."""
+def worker_start_up(work: Path, postgres: str, repeat: int, timeout_s: float = 600,
+                    variants: dict | None = None) -> list[dict]:
+    """A one-request job is queued first; then a worker starts, and the clock runs until the job is completed.
+    With variants (name -> extra environment), each in turn, as run_start_up does."""
     from .load_cluster import LoadCluster
 
     cluster = LoadCluster(work, postgres, redis="start", storage="local")
+    variants = variants or {None: {}}
     try:
-        return [_with_load(_one_worker(cluster, work, i, timeout_s)) for i in range(repeat)]
+        return [_with_load(_one_worker(cluster, work, i, timeout_s, extra)) | ({"variant": name} if name else {})
+                for i in range(repeat) for name, extra in variants.items()]
     finally:
         cluster.close()
 
 
-def _one_worker(cluster, work: Path, i: int, timeout_s: float) -> dict:
+def _one_worker(cluster, work: Path, i: int, timeout_s: float, extra_env: dict | None = None) -> dict:
     from batchinfer.db.models import JobStatus
     from batchinfer.jobs import service
     from .support.services import start_cli, stop
@@ -73,11 +77,13 @@ def _one_worker(cluster, work: Path, i: int, timeout_s: float) -> dict:
         return {"wall_s": None, "rc": submitted.returncode, "error": submitted.stderr[-600:]}
     job_id = submitted.stdout.strip().splitlines()[-1]
     start = time.time()
-    proc = start_cli(cluster.env, work / f"worker-{i}.log", "worker", "--name", f"startup-{uuid.uuid4().hex[:6]}")
+    proc = start_cli(cluster.env | (extra_env or {}), work / f"worker-{i}.log", "worker", "--name",
+                     f"startup-{uuid.uuid4().hex[:6]}")
     try:
         peak, cpu = 0, 0.0
         while time.time() - start < timeout_s and proc.poll() is None:
-            peak, cpu = max(peak, hwm_kib(proc.pid)), _cpu_s(proc.pid) or cpu
+            pids = [proc.pid, *children(proc.pid)]  # its engine process too, where it forked one: peaks summed
+            peak, cpu = max(peak, sum(hwm_kib(p) for p in pids)), sum(_cpu_s(p) or 0.0 for p in pids) or cpu
             if service.get(cluster.ctx, job_id).status == JobStatus.COMPLETED:
                 return {"wall_s": round(time.time() - start, 3), "cpu_s": round(cpu, 3),
                         "max_rss_mib": round(peak / 1024, 1), "rc": 0}

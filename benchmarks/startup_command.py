@@ -19,7 +19,8 @@ POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 def bench_startup_command(
     repeat: Annotated[int, typer.Option(min=1, help="timed runs of each (medians are reported)")] = 3,
     worker: Annotated[bool, typer.Option(help="also time a `batchinfer worker` up to its first unit done")] = True,
-    compare: Annotated[bool, typer.Option(help="`run` in two processes (the default) and in one, runs alternating")] = False,
+    compare: Annotated[bool, typer.Option(help="`run` and `worker` in two processes (the default) and in one, runs "
+                                                "alternating")] = False,
     postgres: Annotated[str, typer.Option(help="PostgreSQL server for the worker case; a fresh database is made")] = POSTGRES,
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-startup.json"),
 ) -> None:
@@ -35,14 +36,15 @@ def bench_startup_command(
         if worker:
             typer.echo("batchinfer worker, to its first unit done", err=True)
             (work / "worker").mkdir()
-            report["worker"] = worker_start_up(work / "worker", postgres, repeat)
+            report["worker"] = worker_start_up(work / "worker", postgres, repeat,
+                                               variants=RUN_VARIANTS if compare else None)
     for rows in (report.get("run"), report.get("worker")):
         for row in rows or []:
             row.pop("stdout", None)
     report["summary"] = {name: summary(report[name]) for name in ("run", "worker") if name in report}
     if compare:
-        report["summary"] = {f"run, {name}": summary([r for r in report["run"] if r["variant"] == name])
-                             for name in RUN_VARIANTS} | {k: v for k, v in report["summary"].items() if k != "run"}
+        report["summary"] = {f"{what}, {name}": summary([r for r in report[what] if r["variant"] == name])
+                             for what in ("run", "worker") if what in report for name in RUN_VARIANTS}
     report["machine"]["load_after"] = _uptime()
     out.write_text(json.dumps(report, indent=1))
     for name, figures in report["summary"].items():

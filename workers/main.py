@@ -14,7 +14,6 @@ import warnings
 
 from celery import signals
 
-from batchinfer.runtime.engine_host import get_generator
 from batchinfer.cluster.routing import SHARED_QUEUE, model_queue, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
@@ -50,7 +49,7 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         logging.getLogger("celery.worker.request").addFilter(_lost_ack_in_one_line)
-        get_generator(settings)  # load the model before the first unit arrives
+        tasks.engine_or_exit(settings)  # load the model before the first unit arrives
         reg = open_registry(settings)
         process = this_process()
         hooks = tasks.sweep_hooks(process)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from sqlalchemy import select
@@ -13,7 +14,7 @@ from batchinfer.db.models import JobStatus, WorkUnit
 from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import units
 from batchinfer.runtime.dispatch import DispatchedUnit, dispatch, more_pending, still_validating
-from batchinfer.runtime.engine_host import get_generator
+from batchinfer.runtime.engine_process import EngineProcessLost, generator_for
 from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.cluster.registry import open_registry
 from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
@@ -146,8 +147,10 @@ def run_unit_task(self, unit_id: str) -> dict:
         agent.unit_started(unit_id)
     outcome = None
     try:
-        outcome = run_unit(ctx, unit_id, get_generator(ctx.settings), worker, incarnation=process.incarnation,
+        outcome = run_unit(ctx, unit_id, engine_or_exit(ctx.settings), worker, incarnation=process.incarnation,
                            stopping=process.stopping)
+    except EngineProcessLost as exc:
+        _engine_lost(exc)
     except UnitInterrupted as exc:  # the unit stays running on this incarnation; the sweep reruns it
         log.warning("unit %s interrupted by shutdown (%s); it will be rerun", unit_id, exc)
         return {"unit_id": unit_id, "committed": False, "completed": 0}
@@ -163,6 +166,22 @@ def run_unit_task(self, unit_id: str) -> dict:
             agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
                                 time.time() - started)
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
+
+
+def engine_or_exit(settings):
+    """The worker's generator (through its engine process, when it forked one)."""
+    try:
+        return generator_for(settings)
+    except EngineProcessLost as exc:
+        _engine_lost(exc)
+
+
+def _engine_lost(exc: EngineProcessLost) -> NoReturn:
+    """The engine process killed (out of memory, a signal) is this worker's death too: it exits as a crash would,
+    and the sweep reruns the unit it held (no request of it is failed)."""
+    log.critical("%s: this worker stops; its unit runs again", exc)
+    logging.shutdown()
+    os._exit(70)
 
 
 def _unit_model(ctx: AppContext, unit_id: str) -> str | None:

@@ -551,6 +551,7 @@ def worker(name: str | None = typer.Option(None, help="worker name (default: hos
            model_id: str | None = typer.Option(None, "--model-id", help=MODEL_ID_HELP)):
     """Start a Celery worker: loads its model once and announces it; consumes the shared queue, its own queue
     and its model's queue."""
+    from batchinfer.runtime.engine_process import started
     from batchinfer.settings import get_settings
     from workers.main import start_worker
 
@@ -558,6 +559,8 @@ def worker(name: str | None = typer.Option(None, help="worker name (default: hos
     _force_model(model, model_id)
     if get_settings().broker_url is None:
         raise BatchInferError("BATCHINFER_BROKER_URL is not set (e.g. redis://localhost:6379/0)")
+    if (engine := started()) is not None:  # forked at start, importing torch since: the model loads while Celery starts
+        engine.load(get_settings())
     extra = [q for item in queues for q in item.split(",") if q]
     start_worker(name, extra, loglevel)
 

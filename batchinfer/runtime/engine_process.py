@@ -1,7 +1,8 @@
-"""`batchinfer run` in two processes. Importing torch is most of a warm run's start-up (docs/benchmarks.md,
-"Start-up"), and a thread cannot overlap it (one GIL). So a child forked before the CLI's own imports imports
-torch and loads the model while the parent parses, validates and submits; the parent's unit runner then generates
-through it (RemoteGenerator) and writes the results. BATCHINFER_ENGINE_PROCESS=0 keeps all in one process."""
+"""`batchinfer run` and `batchinfer worker` in two processes. Importing torch is most of a warm start
+(docs/benchmarks.md, "Start-up"), and a thread cannot overlap it (one GIL). So a child forked before the CLI's own
+imports imports torch and loads the model while the parent parses, validates and submits (run) or starts Celery
+and connects to its services (worker); the parent's unit runner then generates through it (RemoteGenerator).
+BATCHINFER_ENGINE_PROCESS=0 keeps all in one process; so does a worker on the null engine, which loads no torch."""
 from __future__ import annotations
 
 import atexit
@@ -23,17 +24,35 @@ def start_for(argv: list[str]) -> None:
     """Fork the engine process if this command is a `run`. Called first thing: no thread, no torch yet. The
     environment is read here, not from Settings, because importing those is what the fork runs beside."""
     global _started
-    if argv[:1] == ["run"] and "--help" not in argv and os.environ.get("BATCHINFER_ENGINE_PROCESS", "1") != "0":
+    if _forks(argv):
         # what both processes need, imported once (settings and pydantic: ~0.2 s of CPU that each would pay)
         import batchinfer.runtime.engine_host  # noqa: F401
         import batchinfer.runtime.engine_messages  # noqa: F401
 
-        _started = EngineProcess.fork()
+        _started = EngineProcess.fork(signals_to_parent=argv[0] == "worker")
         atexit.register(_started.close)  # an invalid file's error, or the end: the child is killed, not awaited
+
+
+def _forks(argv: list[str]) -> bool:
+    if argv[:1] not in (["run"], ["worker"]) or "--help" in argv:
+        return False
+    if os.environ.get("BATCHINFER_ENGINE_PROCESS", "1") == "0":
+        return False
+    # a null-engine worker has no torch to overlap, and its many results would only cross a pipe (issue 22's bench)
+    return argv[0] == "run" or os.environ.get("BATCHINFER_ENGINE", "batchinfer") != "null"
 
 
 def started() -> EngineProcess | None:
     return _started
+
+
+def generator_for(settings):
+    """The generator for settings: through the engine process when this process forked one, else loaded here."""
+    if _started is not None:
+        return _started.generator_for(settings)
+    from batchinfer.runtime.engine_host import get_generator
+
+    return get_generator(settings)
 
 
 class EngineProcessLost(BaseException):
@@ -52,7 +71,9 @@ class EngineProcess:
         self._status: int | None = None
 
     @classmethod
-    def fork(cls) -> EngineProcess:
+    def fork(cls, signals_to_parent: bool = False) -> EngineProcess:
+        """signals_to_parent: the child ignores SIGINT and SIGTERM sent to the process group (a worker's warm
+        shutdown finishes or interrupts its unit, then kills the child); a run's child ends with the run on Ctrl-C."""
         from multiprocessing.connection import Pipe
 
         parent_end, child_end = Pipe()
@@ -60,6 +81,9 @@ class EngineProcess:
         pid = os.fork()
         if pid == 0:
             parent_end.close()
+            if signals_to_parent:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             _serve(child_end, parent)  # never returns
         child_end.close()
         return cls(pid, parent_end)
