@@ -11,12 +11,13 @@ import torch
 from conftest import MAX_NEW_TOKENS, model_cache_dir
 from greedy_closeness import LogitsRecorder, greedy_closeness
 
+from tests.engine import invariance_cases
+
 from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.layers import quant_linear as ql
 from batchinfer.engine.layers import w4a8_linear as a8
 from batchinfer.engine.layers.quant_build import cpu_supported, load_kernel, load_w4a8_kernel
 from batchinfer.engine.loader import load_model_light
-
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="the quantized kernels need AVX2, FMA and F16C")
 
 
@@ -118,3 +119,11 @@ def test_int8_activations_greedy_is_close_to_transformers_fp32(loaded_model, pro
     exact, problems = greedy_closeness(engine, loaded_model, prompt_token_ids, hf_reference, MAX_NEW_TOKENS)
     print(f"\nint8 activations, exact match with transformers fp32: {exact}/{len(prompt_token_ids)} prompts")
     assert not problems, problems
+
+
+def test_the_engine_with_int8_activations_is_batch_invariant():
+    """test_batch_invariance.py's arrangements (a batch of 64, reverse order, prefix cache cold and warm,
+    preemption) with int8 activations: every request bitwise its run alone."""
+    found = invariance_cases.arrangements(invariance_cases.load("gguf"), "float32", activations="int8")
+    assert found["preemptions"]["count"] > 0
+    assert set(invariance_cases.report(found).values()) == {"24/24 bitwise (tokens 24/24)"}, invariance_cases.report(found)
