@@ -15,6 +15,7 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 POOLINGS = ("auto", "last", "mean")
 WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/quant_weights.py
+ACTIVATION_FORMATS = ("float32", "int8")  # layers/w4a8_linear.py
 
 
 @dataclass
@@ -38,6 +39,10 @@ class EngineConfig:
     # f16c, else dense (quant_weights.load_quant); LLMEngine sets what the loaded model holds
     weight_format: str = "auto"
     weight_format_reason: str = "asked"  # why this weight format: "asked", or auto's reason
+    # "int8": the Q4_1 projections of weight_format gguf take their input quantized to int8 per 32-block
+    # (llama.cpp's Q4_1 x Q8_1 arithmetic; batch-invariant, faster, not the fp32 answers: opt-in only);
+    # "float32": every projection multiplies in fp32
+    activation_format: str = "float32"
     # where the engine keeps what it measures of this machine (the invariance probe's row pad, probe_cache.py);
     # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
     cache_dir: str | None = None
@@ -68,6 +73,12 @@ class EngineConfig:
                "runs on CPU only")
         if self.weight_format == "auto" and not on_cpu:
             self.weight_format, self.weight_format_reason = "dense", f"auto: {torch.device(self.device).type}"
+        _check(self.activation_format in ACTIVATION_FORMATS, "activation_format", self.activation_format,
+               f"must be one of {ACTIVATION_FORMATS}")
+        _check(self.activation_format == "float32" or on_cpu, "activation_format", self.activation_format,
+               "runs on CPU only")
+        _check(self.activation_format == "float32" or self.weight_format in ("auto", "gguf"), "activation_format",
+               self.activation_format, f"needs weight_format gguf (or auto), not {self.weight_format!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -80,8 +91,10 @@ class EngineConfig:
 
     @property
     def weights_note(self) -> str:
-        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`."""
-        return f"{self.weight_format} ({self.weight_format_reason})"
+        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`, and
+        `, activations int8` after it when the activations are not float32."""
+        note = f"{self.weight_format} ({self.weight_format_reason})"
+        return note if self.activation_format == "float32" else f"{note}, activations {self.activation_format}"
 
     def kv_budget_bytes(self) -> int:
         if self.kv_cache_bytes is not None:

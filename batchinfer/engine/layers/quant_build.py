@@ -8,9 +8,10 @@ from pathlib import Path
 from ..native_build import CPU_FLAGS, NativeKernelUnavailable, build_library, cpu_supported
 
 SOURCE = Path(__file__).with_name("quant_kernel.c")
+W4A8_SOURCE = Path(__file__).with_name("w4a8_kernel.c")
 QuantKernelUnavailable = NativeKernelUnavailable
 
-__all__ = ["CPU_FLAGS", "QuantKernelUnavailable", "cpu_supported", "load_kernel"]
+__all__ = ["CPU_FLAGS", "QuantKernelUnavailable", "cpu_supported", "load_kernel", "load_w4a8_kernel"]
 
 
 @lru_cache(maxsize=1)
@@ -20,4 +21,15 @@ def load_kernel(cache_dir: str) -> ctypes.CDLL:
     lib.q4_1_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
     lib.q8_0_linear.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, c_int]
     lib.q4_1_linear.restype = lib.q8_0_linear.restype = None
+    return lib
+
+
+@lru_cache(maxsize=1)
+def load_w4a8_kernel(cache_dir: str) -> ctypes.CDLL:
+    """The Q4_1 x int8-activation kernel (w4a8_kernel.c)."""
+    lib = build_library(W4A8_SOURCE, cache_dir, "int8-activation kernel")
+    i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.w4a8_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, c_int]
+    lib.q8_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.w4a8_linear.restype = lib.q8_rows.restype = None
     return lib

@@ -12,6 +12,7 @@ the de-quantized matrix up to the summation order. `reference` is that F.linear,
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,12 +29,15 @@ class QuantWeight:
     d: torch.Tensor  # fp16
     m: torch.Tensor | None  # fp16, Q4_1 only
     lib: object | None = None  # the kernel library (quant_build.load_kernel); None: the torch reference
+    a8: Callable[[torch.Tensor, QuantWeight], torch.Tensor] | None = None  # int8 activations (w4a8_linear.W4A8)
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.qs.shape[0] * PANEL, self.qs.shape[1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.a8 is not None:
+            return self.a8(x, self)
         if self.lib is None:
             return reference(x, self)
         n, k = self.shape
