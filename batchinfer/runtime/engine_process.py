@@ -21,7 +21,7 @@ IMPORT_NICE = 5  # how far the torch import yields to the parent's work on a bus
 
 
 def start_for(argv: list[str]) -> None:
-    """Fork the engine process if this command is a `run`. Called first thing: no thread, no torch yet. The
+    """Fork the engine process if this command is a `run` or a `worker`. Called first thing: no thread, no torch yet. The
     environment is read here, not from Settings, because importing those is what the fork runs beside."""
     global _started
     if _forks(argv):
