@@ -71,7 +71,7 @@ def _wait4(proc: subprocess.Popen, timeout_s: float) -> tuple[int, int, resource
     """(wait status, peak VmHWM in KiB, resource usage) once the process exits, VmHWM sampled while it runs."""
     deadline, peak = time.time() + timeout_s, 0
     while time.time() < deadline:
-        peak = max(peak, hwm_kib(proc.pid) + sum(map(hwm_kib, children(proc.pid))))
+        peak = max(peak, tree_hwm_kib(proc.pid))
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -85,6 +85,11 @@ def children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except (FileNotFoundError, ProcessLookupError, ValueError):
         return []
+
+
+def tree_hwm_kib(pid: int) -> int:
+    """VmHWM of a process plus its children's (an engine process's)."""
+    return hwm_kib(pid) + sum(map(hwm_kib, children(pid)))
 
 
 def hwm_kib(pid: int) -> int:

@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .process import children, hwm_kib, timed
+from .process import children, timed, tree_hwm_kib
 
 ONE_REQUEST = ('{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
                '"smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is the capital of France?"}], '
@@ -82,8 +82,9 @@ def _one_worker(cluster, work: Path, i: int, timeout_s: float, extra_env: dict |
     try:
         peak, cpu = 0, 0.0
         while time.time() - start < timeout_s and proc.poll() is None:
-            pids = [proc.pid, *children(proc.pid)]  # its engine process too, where it forked one: peaks summed
-            peak, cpu = max(peak, sum(hwm_kib(p) for p in pids)), sum(_cpu_s(p) or 0.0 for p in pids) or cpu
+            # its engine process too, where it forked one: peaks and CPU summed
+            peak = max(peak, tree_hwm_kib(proc.pid))
+            cpu = sum(_cpu_s(p) or 0.0 for p in [proc.pid, *children(proc.pid)]) or cpu
             if service.get(cluster.ctx, job_id).status == JobStatus.COMPLETED:
                 return {"wall_s": round(time.time() - start, 3), "cpu_s": round(cpu, 3),
                         "max_rss_mib": round(peak / 1024, 1), "rc": 0}

@@ -206,17 +206,15 @@ def _open_input(path: Path):
     return open(path, "rb")
 
 
-def _run_in_process(ctx, job, quiet: bool = False, engine=None) -> None:
-    """engine: `run`'s engine process (batchinfer/runtime/engine_process.py), which generates; else this one."""
+def _run_in_process(ctx, job, quiet: bool = False) -> None:
+    """Generates in `run`'s engine process where it forked one (batchinfer/runtime/engine_process.py), else here."""
     from batchinfer.cli.progress import RunProgress
     from batchinfer.runtime.embedded import run_pending
-    from batchinfer.runtime.engine_host import get_generator
-    from batchinfer.runtime.engine_process import EngineProcessLost
+    from batchinfer.runtime.engine_process import EngineProcessLost, generator_for
 
-    load = get_generator if engine is None else engine.generator_for
     with RunProgress(err, job.total - job.invalid, quiet) as progress:
         try:
-            run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded, load=load)
+            run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded, load=generator_for)
         except EngineProcessLost as exc:
             raise BatchInferError(str(exc)) from None
 
@@ -529,7 +527,7 @@ def run(file: Path = typer.Argument(..., help="OpenAI Batch JSONL input file"),
         job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
     if job.status == JobStatus.FAILED:
         _report_invalid(job, as_json=False)
-    _run_in_process(ctx, job, engine=engine)
+    _run_in_process(ctx, job)
     with open(output, "wb") as target:
         service.download(ctx, job.id, target)
     job = service.get(ctx, job.id)
