@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from batchinfer.settings import Settings
+from benchmarks.process import children
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line, completion_line
 from batchinfer.cluster.registry import open_registry
@@ -84,10 +85,6 @@ def test_a_job_submitted_from_the_cli_runs_on_a_worker_and_downloads(cluster_env
     assert final["usage"]["input_tokens"] == sum(o["response"]["body"]["usage"]["prompt_tokens"] for o in lines)
 
 
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-
-
 def _maps_torch(pid: int) -> bool:
     return "libtorch" in open(f"/proc/{pid}/maps").read()
 
@@ -99,7 +96,7 @@ def test_the_worker_generates_in_its_engine_process_and_dies_with_it(cluster_env
     name, log = f"w{uuid.uuid4().hex[:6]}", tmp_path / "worker.log"
     proc = _start_worker(cluster_env, log, name)
     try:
-        (engine,) = _children(proc.pid)
+        (engine,) = children(proc.pid)
         assert _maps_torch(engine) and not _maps_torch(proc.pid)
         os.kill(engine, signal.SIGKILL)
         src = tmp_path / "batch.jsonl"

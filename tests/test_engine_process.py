@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.process import children
 from cli_helpers import batchinfer, cli_env
 from jobfiles import chat_line
 
@@ -29,13 +30,6 @@ def _requests(tmp_path: Path) -> Path:
     path = tmp_path / "in.jsonl"
     path.write_text("".join(chat_line(f"r{i}", f"Name a colour, {i}.", max_tokens=4) + "\n" for i in range(3)))
     return path
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
 
 
 def test_run_in_two_processes_writes_what_one_process_writes(tmp_path, model_cache):
@@ -66,9 +60,9 @@ def test_a_killed_engine_process_ends_the_run_with_one_line(tmp_path, model_cach
     run = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", "run", str(_requests(tmp_path)), "-o",
                             str(tmp_path / "out.jsonl")], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not _children(run.pid) and time.monotonic() < deadline:
+    while not children(run.pid) and time.monotonic() < deadline:
         time.sleep(0.01)
-    (engine,) = _children(run.pid)  # forked first thing, before the CLI's imports
+    (engine,) = children(run.pid)  # forked first thing, before the CLI's imports
     os.kill(engine, signal.SIGKILL)  # as the kernel's out-of-memory killer would
     stderr = run.communicate(timeout=120)[1]
     assert run.returncode == 1
@@ -83,9 +77,9 @@ def test_an_invalid_file_is_reported_as_in_one_process_and_the_engine_process_is
     run = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=cli_env(tmp_path, model_cache),
                            stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not _children(run.pid) and run.poll() is None and time.monotonic() < deadline:
+    while not children(run.pid) and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    engines = _children(run.pid)
+    engines = children(run.pid)
     stderr = run.communicate(timeout=120)[1]
     one = batchinfer(cli_env(tmp_path, model_cache, **ONE_PROCESS), *args)
     assert run.returncode == one.returncode == 2
