@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     max_errors_kept: int = 1000  # validation errors stored on the job; the count is always exact
     default_max_tokens: int = 256
     max_requests_per_unit: int = 64
+    unit_growth: int = 4  # a deep backlog's units hold up to this many times more (planner/unit_size.py); 1: never
     max_tokens_per_unit: int = 65536
     completion_window: str = "24h"
     max_completion_window: str = "30d"  # the longest completion_window a batch may ask for
@@ -137,7 +138,7 @@ class Settings(BaseSettings):
     webhook_allow_private: bool = False  # True: webhooks may go to loopback and private addresses (tests, a LAN)
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
-                     "max_requests_per_unit", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
+                     "max_requests_per_unit", "unit_growth", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
                      "api_work_threads", "api_in_flight_lease_s")

@@ -35,9 +35,10 @@ class PipelineOptions:
     keep: bool = False
     stream: bool = True  # BATCHINFER_STREAM_DISPATCH (the default): units start while the file is still validated
     unit_requests: int = 64  # BATCHINFER_MAX_REQUESTS_PER_UNIT: each unit pays ~2 transactions and 2 S3 calls
+    unit_growth: int = 4  # BATCHINFER_UNIT_GROWTH (the default): a deep backlog's units hold up to this many times more
 
     def __post_init__(self):
-        for name in ("requests", "workers", "system_prompts", "unit_requests"):
+        for name in ("requests", "workers", "system_prompts", "unit_requests", "unit_growth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -51,6 +52,7 @@ def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
     cluster.env["BATCHINFER_ENGINE"] = "null"  # the workers and the submit process; asked for by name
     cluster.env["BATCHINFER_STREAM_DISPATCH"] = "1" if options.stream else "0"
     cluster.env["BATCHINFER_MAX_REQUESTS_PER_UNIT"] = str(options.unit_requests)
+    cluster.env["BATCHINFER_UNIT_GROWTH"] = str(options.unit_growth)
     try:
         names = cluster.start_workers(options.workers, threads=1)
         return _measure(options, cluster, names, path, progress)

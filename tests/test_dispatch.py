@@ -80,3 +80,17 @@ def test_a_prepared_file_not_in_index_order_is_read_whole(make_context):
     assert sum(u.num_requests for u in units) == 5
     with ctx.sessions() as session:
         assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"planned"}
+
+
+def test_a_deep_backlog_is_cut_into_bigger_units_spread_over_every_worker(make_context):
+    from batchinfer.planner.unit_size import UNITS_PER_WORKER
+
+    ctx = make_context(max_requests_per_unit=2, unit_growth=3)
+    lines = [completion_line(f"r{i}", f"question {i}") for i in range(UNITS_PER_WORKER * 2 * 3)]
+    submit_lines(ctx, lines)
+    one_worker = dispatch(ctx, ["w1"])  # 3 base units a worker's share: units of 6
+    assert {u.num_requests for u in one_worker} == {6} and sum(u.num_requests for u in one_worker) == len(lines)
+    ctx = make_context(max_requests_per_unit=2, unit_growth=3, data_dir=ctx.settings.data_dir / "again")
+    submit_lines(ctx, lines)
+    two_workers = dispatch(ctx, ["w1", "w2"])  # 1.5 base units each: the base size
+    assert {u.num_requests for u in two_workers} == {2}

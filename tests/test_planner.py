@@ -318,3 +318,25 @@ def test_one_named_scope_plans_exactly_as_no_scope(seed):
     assert [[key(r) for r in u.requests] for u in scoped] == [[key(r) for r in u.requests] for u in plain]
     assert [(u.shared_prefix_len, u.expected_cached_tokens) for u in scoped] == \
         [(u.shared_prefix_len, u.expected_cached_tokens) for u in plain]
+
+
+def test_a_deep_backlog_gets_bigger_units_and_a_short_one_keeps_the_base_size():
+    from batchinfer.planner import sized_for
+    from batchinfer.planner.unit_size import UNITS_PER_WORKER
+
+    config = PlannerConfig(max_requests_per_unit=8, unit_growth=4, block_size=BS)
+    per_worker_base = UNITS_PER_WORKER * 8
+    assert sized_for(config, 2 * per_worker_base - 1, workers=1) is config  # not two base units each: the base
+    assert sized_for(config, 2 * per_worker_base, workers=1).max_requests_per_unit == 16
+    assert sized_for(config, 3 * per_worker_base, workers=2) is config  # 1.5 per worker
+    assert sized_for(config, 100 * per_worker_base, workers=2).max_requests_per_unit == 32  # at most 4x
+    never = replace(config, unit_growth=1)
+    assert sized_for(never, 100 * per_worker_base, workers=1) is never
+    # the planner keeps the grown bound, and the token budget still closes a unit early
+    rng = random.Random(7)
+    pending, _, _ = make_workload(rng, jobs=3, per_job=(400, 400), max_tokens=(1, 4))
+    grown = sized_for(config, len(pending), workers=1)
+    sizes = [len(u.requests) for u in plan_units(pending, grown)]
+    assert max(sizes) == 32 and sum(sizes) == len(pending)
+    capped = replace(grown, max_tokens_per_unit=min(r.cost for r in pending) * 12)
+    assert max(len(u.requests) for u in plan_units(pending, capped)) <= 12

@@ -16,7 +16,7 @@ from batchinfer.jobs import engine_rates, storage_keys
 from batchinfer.jobs.output.records import PreparedRequest
 from batchinfer.db.models import Job
 from batchinfer.jobs.output.batch_view import batch_object
-from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units
+from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units, sized_for
 from batchinfer.planner.prefix_tree import PrefixTree, gc_paused
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,13 @@ def shape_of(estimate: PlanEstimate, units: list[UnitPlan], block_size: int = 16
                     tuple(tuple(len(r.prompt_token_ids) for r in unit.requests for _ in range(r.n)) for unit in units))
 
 
-def _shape(ctx: AppContext, job_id: str, config: PlannerConfig) -> RunShape:
+def _shape(ctx: AppContext, job_id: str, config: PlannerConfig, workers: int) -> RunShape:
     shape = _SHAPES.get(job_id)
     if shape is None:
         with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
             pending = [PreparedRequest.from_json(raw).to_pending(job_id) for raw in stream if raw.strip()]
-        shape = _SHAPES[job_id] = shape_of(estimate_plan(pending, config), plan_units(pending, config),
-                                           config.block_size)
+        units = plan_units(pending, sized_for(config, len(pending), workers))  # the units dispatch would cut
+        shape = _SHAPES[job_id] = shape_of(estimate_plan(pending, config), units, config.block_size)
         while len(_SHAPES) > _MAX_SHAPES:
             _SHAPES.popitem(last=False)
     _SHAPES.move_to_end(job_id)
@@ -87,7 +87,7 @@ def batch_with_eta(ctx: AppContext, job: Job, config: PlannerConfig, workers: in
     if not waiting or job.completed or job.failed > (job.invalid or 0) or getattr(job, "waiting_for", None):
         return batch
     try:
-        shape = _shape(ctx, job.id, config)
+        shape = _shape(ctx, job.id, config, workers)
     except FileNotFoundError:  # a batch with nothing prepared (nothing to run)
         return batch
     except Exception as exc:  # storage down (jobs.outage): the ETA is a nicety, the status must still answer

@@ -15,8 +15,9 @@ from batchinfer.planner.fairness import fair_order, priority_classes
 from batchinfer.planner.grouping import Grouping, UnitPacker
 from batchinfer.planner.prefix_tree import PrefixTree, gc_paused, prefix_key
 from batchinfer.planner.types import PendingRequest, PlannerConfig, UnitPlan
+from batchinfer.planner.unit_size import sized_for
 
-__all__ = ["PendingRequest", "PlannerConfig", "UnitPlan", "PlanEstimate", "plan_units", "estimate_plan",
+__all__ = ["PendingRequest", "PlannerConfig", "UnitPlan", "PlanEstimate", "plan_units", "estimate_plan", "sized_for",
            "prefix_key"]
 
 

@@ -50,6 +50,7 @@ class UnitPlan:
 class PlannerConfig:
     max_requests_per_unit: int = 64
     max_tokens_per_unit: int = 65536  # prompt + max_tokens summed over the unit
+    unit_growth: int = 1  # a deep backlog's units hold up to this many times max_requests_per_unit (unit_size)
     block_size: int = 16  # prefixes are shared in whole KV blocks: the runtime sets the engine's (planner_config)
     grouping: bool = True  # False: first come, first served
     min_group_prefix_tokens: int = 64  # a prefix group must add at least this many shared tokens

@@ -20,7 +20,7 @@ from batchinfer.jobs import storage_keys
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying
-from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units
+from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units, sized_for
 from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
@@ -45,7 +45,8 @@ def planner_config(ctx: AppContext) -> PlannerConfig:
     """The planner's settings; its block size is the one the workers' engines run with (engine_host.engine_config),
     so groups and expected cache hits fall on KV blocks. Read from the settings: no engine (torch) import here."""
     return PlannerConfig(max_requests_per_unit=ctx.settings.max_requests_per_unit,
-                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, grouping=ctx.settings.prefix_grouping,
+                         max_tokens_per_unit=ctx.settings.max_tokens_per_unit, unit_growth=ctx.settings.unit_growth,
+                         grouping=ctx.settings.prefix_grouping,
                          block_size=ctx.settings.kv_block_size)
 
 
@@ -90,9 +91,10 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     plans, queues, models = [], [], []
     config = config or planner_config(ctx)
     for (model, growing), members in _by_model(requests, jobs).items():  # a unit never mixes models
-        model_plans = plan_units(members, config)
+        sized = sized_for(config, len(members), _workers_of(model, live_workers or [], worker_loads))
+        model_plans = plan_units(members, sized)
         if growing:  # a group of a file still validated may grow: only units it cannot grow wait no longer
-            model_plans = [p for p in model_plans if _full(p, config)]
+            model_plans = [p for p in model_plans if _full(p, sized)]
         plans += model_plans
         queues += _route(model_plans, model, live_workers or [], worker_loads)
         models += [model] * len(model_plans)
@@ -141,6 +143,11 @@ def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[tupl
         job = jobs[req.job_id]
         found[job.model, job.status == JobStatus.VALIDATING].append(req)
     return found
+
+
+def _workers_of(model: str, live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> int:
+    """How many workers share the model's units (a worker that announced no model serves every model)."""
+    return len([w for w in worker_loads if w.model in ("", model)]) if worker_loads else len(live_workers)
 
 
 def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:

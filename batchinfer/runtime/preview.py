@@ -8,7 +8,7 @@ from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.eta import shape_of
 from batchinfer.errors import one_line
-from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units
+from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units, sized_for
 from batchinfer.jobs.job_validation import batch_model, model_tokenizer, validation_limits
 from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, peek_model, unserved_model_report, validate_stream
 from batchinfer.jobs.served_models import served_models
@@ -37,7 +37,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     workers = [w for w in workers if w.model in ("", model)]
     if rate is None:
         rate = engine_rates.measured(ctx, model, [w.name for w in workers] + [engine_rates.machine_name()])
-    units = plan_units(pending, config)
+    units = plan_units(pending, sized_for(config, len(pending), len(workers)))
     estimate = estimate_plan(pending, config, workers=len(workers), units=len(units))
     if workers:  # priced as `status` prices a batch before its first request finishes (jobs.eta)
         estimate.estimated_run_s = shape_of(estimate, units, config.block_size).seconds(rate, len(workers))
