@@ -2,6 +2,7 @@
 greedy reference computed once per session."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,8 +91,22 @@ class Reference:
 
 
 @pytest.fixture(scope="session")
-def hf_reference(loaded_model, prompt_token_ids) -> list[Reference]:
-    """transformers generate(), greedy, one prompt at a time (no padding)."""
+def hf_reference(loaded_model, prompt_token_ids, tmp_path_factory) -> list[Reference]:
+    """transformers generate(), greedy, one prompt at a time (no padding). Under pytest-xdist the first process
+    to need it computes it and the others read its file (about 25 s each saved)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return _hf_reference(loaded_model, prompt_token_ids)
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "hf_reference.json"
+    with FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            refs = _hf_reference(loaded_model, prompt_token_ids)
+            shared.write_text(json.dumps([[r.tokens, r.top2_gaps] for r in refs]))
+        return [Reference(tokens, gaps) for tokens, gaps in json.loads(shared.read_text())]
+
+
+def _hf_reference(loaded_model, prompt_token_ids) -> list[Reference]:
     refs = []
     with torch.inference_mode():
         for ids in prompt_token_ids:
