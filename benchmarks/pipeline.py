@@ -36,6 +36,7 @@ class PipelineOptions:
     stream: bool = True  # BATCHINFER_STREAM_DISPATCH (the default): units start while the file is still validated
     unit_requests: int = 64  # BATCHINFER_MAX_REQUESTS_PER_UNIT: each unit pays ~2 transactions and 2 S3 calls
     unit_growth: int = 4  # BATCHINFER_UNIT_GROWTH (the default): a deep backlog's units hold up to this many times more
+    line_bytes: int = 0  # > 0: each line padded to about this size (4000 x 50,000 lines: OpenAI's 200 MB file)
 
     def __post_init__(self):
         for name in ("requests", "workers", "system_prompts", "unit_requests", "unit_growth"):
@@ -46,7 +47,8 @@ class PipelineOptions:
 def run_pipeline(options: PipelineOptions, work: Path, progress=print) -> dict:
     signal.signal(signal.SIGTERM, _interrupted)  # a `timeout` or kill still stops the services it started
     work.mkdir(parents=True, exist_ok=True)
-    (path,) = write_job_files(work / "inputs", 1, options.requests, options.system_prompts, max_tokens=1)
+    (path,) = write_job_files(work / "inputs", 1, options.requests, options.system_prompts, max_tokens=1,
+                              line_bytes=options.line_bytes)
     progress(f"starting services and {options.workers} null-engine workers (work dir {work})")
     cluster = LoadCluster(work, options.postgres, options.redis, options.storage, options.keep)
     cluster.env["BATCHINFER_ENGINE"] = "null"  # the workers and the submit process; asked for by name

@@ -29,11 +29,13 @@ def bench_pipeline_command(
     unit_requests: Annotated[int, typer.Option(help="requests a unit holds at most (BATCHINFER_MAX_REQUESTS_PER_UNIT)")] = 64,
     unit_growth: Annotated[int, typer.Option(help="a deep backlog's units hold up to this many times more "
                                                   "(BATCHINFER_UNIT_GROWTH; 1: never)")] = 4,
+    line_bytes: Annotated[int, typer.Option(help="pad each line to about this many bytes (0: short lines; 4000 x "
+                                                 "50,000 requests is a 200 MB file)", min=0)] = 0,
 ) -> None:
     """Pipeline: one batch of N requests through PostgreSQL, Redis, S3 and W null-engine workers; each phase timed."""
     try:
         options = PipelineOptions(requests, workers, system_prompts, postgres, redis, storage, timeout, keep, stream,
-                                  unit_requests, unit_growth)
+                                  unit_requests, unit_growth, line_bytes)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     work = work_dir or Path(tempfile.mkdtemp(prefix="bench-pipeline-"))

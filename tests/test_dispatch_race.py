@@ -151,9 +151,10 @@ def test_a_dispatch_keeps_its_lock_while_it_runs_and_stops_once_another_holds_it
     submit_lines(ctx, _lines(40))
     key = WorkerRegistry(redis.Redis.from_url(redis_server), ctx.settings.broker_prefix).dispatch_key()
     real_lock = WorkerRegistry.dispatch_lock
-    # the real lock on real Redis, with a 1 s timeout instead of 600 s; each batch of units takes 0.6 s to send
+    # the real lock on real Redis, with a 2 s timeout instead of 600 s; each batch of units takes 0.8 s to send, so
+    # a batch's own writes have 1.2 s before the lock would expire (0.4 s was too little beside other tests)
     monkeypatch.setattr(WorkerRegistry, "dispatch_lock",
-                        lambda self, wait_s=120.0: self.conn.lock(self.dispatch_key(), timeout=1, blocking_timeout=1))
+                        lambda self, wait_s=120.0: self.conn.lock(self.dispatch_key(), timeout=2, blocking_timeout=2))
     monkeypatch.setattr(dispatch_module, "UNITS_PER_COMMIT", 2)
     monkeypatch.setattr(tasks, "dispatch_units", lambda c, on_units, max_units: dispatch(
         c, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
@@ -161,11 +162,11 @@ def test_a_dispatch_keeps_its_lock_while_it_runs_and_stops_once_another_holds_it
     seen: list[bytes | None] = []
 
     def slow_send(batch):
-        time.sleep(0.6)
+        time.sleep(0.8)
         seen.append(conn.get(key))
 
     monkeypatch.setattr(tasks, "send_units", slow_send)
-    assert tasks.dispatch_and_send(ctx, "inc-1") == 10  # 5 batches, 3 s: three times the lock's timeout
+    assert tasks.dispatch_and_send(ctx, "inc-1") == 10  # 5 batches, 4 s: twice the lock's timeout
     assert seen == [b"inc-1"] * 5  # renewed at each batch, never lost
     monkeypatch.setattr(WorkerRegistry, "dispatch_lock", real_lock)
 
