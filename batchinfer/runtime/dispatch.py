@@ -146,15 +146,20 @@ def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[tupl
 
 
 def _workers_of(model: str, live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> int:
-    """How many workers share the model's units (a worker that announced no model serves every model)."""
-    return len([w for w in worker_loads if w.model in ("", model)]) if worker_loads else len(live_workers)
+    """How many workers share the model's units."""
+    return len(_serving(model, worker_loads)) if worker_loads else len(live_workers)
+
+
+def _serving(model: str, worker_loads: list[WorkerLoad]) -> list[WorkerLoad]:
+    """The model's workers; a worker that announced no model serves every model."""
+    return [w for w in worker_loads if w.model in ("", model)]
 
 
 def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_loads: list[WorkerLoad] | None) -> list[str]:
     """Among the workers of the plans' model only (a worker that announced none counts for every model);
     what no worker's own queue gets goes to the model's queue, never to the shared one."""
     if worker_loads:
-        mine = [w for w in worker_loads if w.model in ("", model)]
+        mine = _serving(model, worker_loads)
         costs = [p.cost for p in plans]
         queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine)
     else:
