@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 export BATCHINFER_MODEL_CACHE ?= $(HOME)/.cache/batchinfer/models
 PYTEST_ARGS ?=
 # The suite runs in this many processes (pytest-xdist), a test file each at a time, so a module's fixtures are
-# built once: 2 on the 2-core CI machine took it from 41 to 25 minutes. Tests never share a database, a bucket
+# built once: 2 on the 2-core CI machine took pytest from 41 to 13 minutes. Tests never share a database, a bucket
 # prefix, a Redis key prefix or a port (conftest.py), and the fault matrix kills only its private services.
 TEST_WORKERS ?= 2
 

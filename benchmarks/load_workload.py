@@ -19,6 +19,9 @@ WORDS = ("river", "lantern", "copper", "meadow", "signal", "harbor", "orbit", "v
          "cobalt", "prairie", "glacier", "saffron", "beacon")
 
 
+UNPADDED_LINE_BYTES = 450  # a line's JSON around its padding (custom_id, body, system prompt, question)
+
+
 def padding(index: int, chars: int) -> str:
     """About `chars` characters of words that vary by request (no shared prefix beyond the system prompt)."""
     words, size, k = [], 0, index
@@ -34,7 +37,7 @@ def request_line(job: int, index: int, system_prompts: int, max_tokens: int, lin
     system = SYSTEM_PROMPTS[index % system_prompts]
     question = f"Question {index} of batch {job}: what comes next?"
     if line_bytes:
-        question += " " + padding(index, line_bytes - 450)
+        question += " " + padding(index, line_bytes - UNPADDED_LINE_BYTES)
     body = {"model": "smollm2-135m-instruct", "max_tokens": max_tokens, "temperature": 0,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
     return json.dumps({"custom_id": custom_id(job, index), "method": "POST", "url": "/v1/chat/completions",

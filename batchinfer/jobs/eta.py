@@ -21,7 +21,8 @@ from batchinfer.planner.prefix_tree import PrefixTree, gc_paused
 
 log = logging.getLogger(__name__)
 
-_SHAPES: OrderedDict[str, RunShape] = OrderedDict()  # per job: its prepared file is read once per process
+# per job and worker count (the units it is cut into follow the workers): its prepared file is read once per process
+_SHAPES: OrderedDict[tuple[str, int], RunShape] = OrderedDict()
 _MAX_SHAPES = 256
 
 
@@ -65,15 +66,16 @@ def shape_of(estimate: PlanEstimate, units: list[UnitPlan], block_size: int = 16
 
 
 def _shape(ctx: AppContext, job_id: str, config: PlannerConfig, workers: int) -> RunShape:
-    shape = _SHAPES.get(job_id)
+    key = job_id, workers
+    shape = _SHAPES.get(key)
     if shape is None:
         with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
             pending = [PreparedRequest.from_json(raw).to_pending(job_id) for raw in stream if raw.strip()]
         units = plan_units(pending, sized_for(config, len(pending), workers))  # the units dispatch would cut
-        shape = _SHAPES[job_id] = shape_of(estimate_plan(pending, config), units, config.block_size)
+        shape = _SHAPES[key] = shape_of(estimate_plan(pending, config), units, config.block_size)
         while len(_SHAPES) > _MAX_SHAPES:
             _SHAPES.popitem(last=False)
-    _SHAPES.move_to_end(job_id)
+    _SHAPES.move_to_end(key)
     return shape
 
 
