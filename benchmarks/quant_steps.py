@@ -1,5 +1,6 @@
 """The projections of one engine step (every layer's qkv/o/gate_up/down and the LM head), dense fp32 against the
-GGUF's own Q4_1/Q8_0 blocks (weight_format "gguf"), at the row counts of decode and prefill steps.
+GGUF's own Q4_1/Q8_0 blocks (weight_format "gguf", the AVX2 build and, where the CPU has it, the AVX-512 one),
+at the row counts of decode and prefill steps.
 
 `python -m benchmarks.quant_steps [--repeats 5]`: the two formats alternate per repeat, so a loaded machine
 slows both alike; p50 per row count. Attention, norms and sampling are the same in both and left out.
@@ -7,6 +8,7 @@ slows both alike; p50 per row count. Attention, norms and sampling are the same 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -20,7 +22,9 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
+    from batchinfer.engine.layers.quant_build import load_kernel
     from batchinfer.engine.loader import load_model_light
+    from batchinfer.engine.native_build import avx512_supported
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -35,7 +39,10 @@ def main() -> None:
     assert loaded.weights is not None and loaded.quant is not None
     dense = {name: loaded.weights.get(name, loaded.weights["embed"]) if name == "lm_head" else loaded.weights[name]
              for name in loaded.quant}
-    formats = {"dense fp32": lambda name, x: F.linear(x, dense[name]), "gguf": lambda name, x: loaded.quant[name](x)}
+    formats = {"dense fp32": lambda name, x: F.linear(x, dense[name])}
+    for isa in ("avx2", "avx512") if avx512_supported() else ("avx2",):  # the two builds give the same bits
+        builds = {name: dataclasses.replace(w, lib=load_kernel(args.cache, isa)) for name, w in loaded.quant.items()}
+        formats[f"gguf {isa}"] = lambda name, x, builds=builds: builds[name](x)
     by_rows: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in map(int, args.rows.split(",")):

@@ -15,33 +15,41 @@ from pathlib import Path
 
 from .cpuinfo import cpu_flags
 
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
-CPU_FLAGS = ("avx2", "fma", "f16c")  # what FLAGS compile for
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
+AVX2 = ("-mavx2", "-mfma", "-mf16c")
+AVX512 = (*AVX2, "-mavx512f")
+CPU_FLAGS = ("avx2", "fma", "f16c")  # what AVX2 compiles for
+AVX512_CPU_FLAGS = (*CPU_FLAGS, "avx512f")
 
 
 class NativeKernelUnavailable(RuntimeError):
     """This machine cannot run the C kernels (no AVX2/FMA/F16C, or no C compiler)."""
 
 
-def cpu_supported() -> bool:
-    return all(flag in cpu_flags() for flag in CPU_FLAGS)
+def cpu_supported(needed: tuple[str, ...] = CPU_FLAGS) -> bool:
+    return all(flag in cpu_flags() for flag in needed)
 
 
-def build_library(source: Path, cache_dir: str, what: str) -> ctypes.CDLL:
+def avx512_supported() -> bool:
+    return cpu_supported(AVX512_CPU_FLAGS)
+
+
+def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2) -> ctypes.CDLL:
     """The library of `source`, built into cache_dir/kernels the first time (keyed by source and flags)."""
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
-    if not cpu_supported():
-        raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(CPU_FLAGS)}")
-    text = source.read_bytes()
-    key = hashlib.sha256(text + " ".join(FLAGS).encode()).hexdigest()[:16]
+    needed = AVX512_CPU_FLAGS if isa == AVX512 else CPU_FLAGS
+    if not cpu_supported(needed):
+        raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(needed)}")
+    flags = (*FLAGS, *isa)
+    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     path = Path(cache_dir) / "kernels" / f"{source.stem}-{key}.so"
     if not path.exists():
-        _compile(source, path, what)
+        _compile(source, path, what, flags)
     return ctypes.CDLL(str(path))
 
 
-def _compile(source: Path, path: Path, what: str) -> None:
+def _compile(source: Path, path: Path, what: str, flags: tuple[str, ...]) -> None:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise NativeKernelUnavailable(f"the {what} needs a C compiler (gcc) to build once")
@@ -49,7 +57,7 @@ def _compile(source: Path, path: Path, what: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", tmp], capture_output=True, text=True)
+        done = subprocess.run([compiler, *flags, str(source), "-o", tmp], capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeKernelUnavailable(f"building the {what} failed: {done.stderr.strip()[:300]}")
         os.replace(tmp, path)  # a concurrent builder's copy is as good as ours

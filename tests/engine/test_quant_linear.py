@@ -2,6 +2,8 @@
 bytes read as gguf's own dequantize reads them, and every row's result independent of the batch."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from batchinfer.engine import EngineConfig
 from batchinfer.engine.layers import quant_linear as ql
 from batchinfer.engine.layers.quant_build import cpu_supported, load_kernel
+from batchinfer.engine.native_build import avx512_supported
 
 pytestmark = [pytest.mark.fast,
               pytest.mark.skipif(not cpu_supported(), reason="the quantized kernel needs AVX2, FMA and F16C")]
@@ -49,6 +52,20 @@ def test_each_row_is_bitwise_the_same_whatever_the_row_count(kernel, fmt):
     for rows in range(1, 41):
         assert torch.equal(w(x[:rows]), alone[:rows]), f"{rows} rows"
     assert torch.equal(w(x[7:19]), alone[7:19])  # and whatever rows sit beside it
+
+
+@pytest.mark.skipif(not avx512_supported(), reason="this CPU has no AVX-512: only the AVX2 build runs here")
+@pytest.mark.parametrize("fmt", ql.FORMATS)
+def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path_factory, fmt):
+    # Workers on AVX2 and AVX-512 CPUs must answer alike: every row count up to 40 covers both paths (<= 8 rows
+    # decode in registers, more go through the scratch panels) and every row tile's tail; K as the model's, and
+    # 10 or 7 panels, so that each thread's run ends in every panel group's tail (1-4 panels at once).
+    cache = str(tmp_path_factory.mktemp("isa"))
+    w = random_q4_1(160, 576, seed=5) if fmt == "q4_1" else ql.quantize_q8_0(torch.randn(112, 1536))
+    x = torch.randn(40, w.shape[1], generator=torch.Generator().manual_seed(6))
+    avx2, avx512 = (dataclasses.replace(w, lib=load_kernel(cache, isa)) for isa in ("avx2", "avx512"))
+    for rows in range(1, 41):
+        assert torch.equal(avx2(x[:rows]), avx512(x[:rows])), f"{rows} rows"
 
 
 @pytest.mark.parametrize("kind,qtype", [("q4_1", "Q4_1"), ("q8_0", "Q8_0")])

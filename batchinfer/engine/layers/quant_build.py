@@ -5,18 +5,27 @@ import ctypes
 from functools import lru_cache
 from pathlib import Path
 
-from ..native_build import CPU_FLAGS, NativeKernelUnavailable, build_library, cpu_supported
+from ..native_build import AVX2, AVX512, CPU_FLAGS, NativeKernelUnavailable, avx512_supported, build_library, cpu_supported
 
 SOURCE = Path(__file__).with_name("quant_kernel.c")
+AVX512_SOURCE = Path(__file__).with_name("quant_kernel_avx512.c")  # the same bits, 16 lanes an instruction
 W4A8_SOURCE = Path(__file__).with_name("w4a8_kernel.c")
 QuantKernelUnavailable = NativeKernelUnavailable
 
-__all__ = ["CPU_FLAGS", "QuantKernelUnavailable", "cpu_supported", "load_kernel", "load_w4a8_kernel"]
+__all__ = ["CPU_FLAGS", "QuantKernelUnavailable", "cpu_supported", "kernel_isa", "load_kernel", "load_w4a8_kernel"]
 
 
-@lru_cache(maxsize=1)
-def load_kernel(cache_dir: str) -> ctypes.CDLL:
-    lib = build_library(SOURCE, cache_dir, "quantized kernel")
+def kernel_isa() -> str:
+    return "avx512" if avx512_supported() else "avx2"
+
+
+@lru_cache(maxsize=2)
+def load_kernel(cache_dir: str, isa: str | None = None) -> ctypes.CDLL:
+    """The quantized kernel for this CPU (`isa` None), or the "avx2" / "avx512" build (tests compare them)."""
+    if (isa or kernel_isa()) == "avx512":
+        lib = build_library(AVX512_SOURCE, cache_dir, "quantized kernel (AVX-512)", AVX512)
+    else:
+        lib = build_library(SOURCE, cache_dir, "quantized kernel", AVX2)
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.q4_1_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
     lib.q8_0_linear.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, c_int]

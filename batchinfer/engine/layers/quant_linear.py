@@ -47,7 +47,7 @@ class QuantWeight:
         x = x.reshape(-1, k)
         out = torch.empty(x.shape[0], n, dtype=torch.float32)
         threads = torch.get_num_threads()
-        scratch = torch.empty(threads * k * PANEL, dtype=torch.float32)  # one decoded panel per thread
+        scratch = torch.empty(threads * 2 * k * PANEL, dtype=torch.float32)  # two decoded panels a thread
         if self.format == "q4_1":
             assert self.m is not None
             self.lib.q4_1_linear(x.data_ptr(), x.shape[0], k, self.qs.data_ptr(), self.d.data_ptr(),  # type: ignore[attr-defined]
