@@ -23,9 +23,10 @@ from pathlib import Path
 
 from .process import timed
 
-# "default" is libgomp's own: set but empty, so the CLI's default (PASSIVE, batchinfer/cli/__init__.py) stays out
+# "default" is libgomp's own: set but empty, so the CLI's choice (batchinfer/cli/openmp.py) stays out
 POLICIES = {"default": {"OMP_WAIT_POLICY": ""}, "spin": {"OMP_WAIT_POLICY": "ACTIVE"}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
             "one": {"OMP_NUM_THREADS": "1"}, "spin10k": {"GOMP_SPINCOUNT": "10000"},
+            "spin20k": {"GOMP_SPINCOUNT": "20000"},
             "spin100k": {"GOMP_SPINCOUNT": "100000"}}
 BATCHES = (1, 8, 32)
 SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "sample.jsonl"

@@ -11,6 +11,7 @@ import uuid
 
 from cli_helpers import batchinfer, cli_env, wait_for
 from jobfiles import chat_line
+from batchinfer.cli.openmp import SPIN, wait_policy
 
 NEVER_ON_RUN = {"alembic", "boto3", "celery", "fastapi", "gguf", "redis", "transformers", "uvicorn"}
 # Runs the CLI as `python -m batchinfer.cli` does and prints the top-level packages it imported; from an atexit
@@ -71,13 +72,22 @@ def test_the_cli_ends_without_the_interpreters_teardown_once_atexit_handlers_ran
     assert profiled.returncode == 0 and (tmp_path / "list.prof").stat().st_size > 0, profiled.stderr
 
 
-def test_the_cli_lets_openmp_threads_sleep_unless_the_user_chose_a_wait_policy():
-    # set before torch loads libgomp, which reads it once (docs/benchmarks.md, "OpenMP wait policy")
-    show = "import os, batchinfer.cli; print(os.environ['OMP_WAIT_POLICY'])"
-    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
-        out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=120)
-        assert out.stdout.strip() == expected, out.stderr
+def test_openmp_threads_spin_briefly_on_a_quiet_machine_and_sleep_on_a_busy_one():
+    assert wait_policy({}, load=0.4, cores=2) == {"GOMP_SPINCOUNT": SPIN}
+    assert wait_policy({}, load=1.5, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}, load=0.0, cores=2) == {}  # the user's choice stands
+    assert wait_policy({"GOMP_SPINCOUNT": "0"}, load=9.0, cores=2) == {}
+
+
+def test_the_cli_sets_the_wait_policy_before_torch_loads_unless_the_user_chose_one():
+    # libgomp reads it once, when torch loads it (docs/benchmarks.md, "OpenMP wait policy")
+    show = "import os, batchinfer.cli; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", show], env=clean, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() in (["None", SPIN], ["PASSIVE", "None"]), out.stderr
+    out = subprocess.run([sys.executable, "-c", show], env=clean | {"OMP_WAIT_POLICY": "ACTIVE"}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.split() == ["ACTIVE", "None"], out.stderr
 
 
 def test_the_worker_starts_celery_without_celerys_command_group(tmp_path, model_cache, postgres_url, redis_server):
