@@ -11,7 +11,7 @@ import uuid
 
 from cli_helpers import batchinfer, cli_env, wait_for
 from jobfiles import chat_line
-from batchinfer.cli.openmp import SPIN, wait_policy
+from batchinfer.cli.openmp import SPIN, other_runnable, wait_policy
 
 NEVER_ON_RUN = {"alembic", "boto3", "celery", "fastapi", "gguf", "redis", "transformers", "uvicorn"}
 # Runs the CLI as `python -m batchinfer.cli` does and prints the top-level packages it imported; from an atexit
@@ -73,10 +73,13 @@ def test_the_cli_ends_without_the_interpreters_teardown_once_atexit_handlers_ran
 
 
 def test_openmp_threads_spin_briefly_on_a_quiet_machine_and_sleep_on_a_busy_one():
-    assert wait_policy({}, load=0.4, cores=2) == {"GOMP_SPINCOUNT": SPIN}
-    assert wait_policy({}, load=1.5, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}, load=0.0, cores=2) == {}  # the user's choice stands
-    assert wait_policy({"GOMP_SPINCOUNT": "0"}, load=9.0, cores=2) == {}
+    assert wait_policy({}, others=0, cores=2) == {"GOMP_SPINCOUNT": SPIN}
+    assert wait_policy({}, others=1, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy({}, others=4, cores=16) == {"GOMP_SPINCOUNT": SPIN}
+    assert wait_policy({}, others=5, cores=16) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy({"OMP_WAIT_POLICY": "ACTIVE"}, others=0, cores=2) == {}  # the user's choice stands
+    assert wait_policy({"GOMP_SPINCOUNT": "0"}, others=9, cores=2) == {}
+    assert 0 <= other_runnable() < 10_000
 
 
 def test_the_cli_sets_the_wait_policy_before_torch_loads_unless_the_user_chose_one():

@@ -5,24 +5,43 @@ of Python between them. Sleeping at once (PASSIVE) pays a wake-up at each: on a 
 decode run took 9.3-9.6 s against 7.1-7.3 s with a short spin. Spinning where another process wants the core
 is worse still: the spinner holds it while its partner waits (two runs side by side: 22-28 s spinning against
 12-19 s sleeping; docs/benchmarks.md, "OpenMP wait policy"). So: a short, bounded spin (then sleep, so an idle
-worker burns nothing) when the machine has a core to spare, sleep at once when it is busy. A user's setting wins.
+worker burns nothing) when no other process is running now, sleep at once when one is. A user's setting wins.
+The signal is the kernel's count of runnable tasks at this moment, not the load average, which still counts the
+previous job's minute (a benchmark's runs back to back, a worker started after an install).
 """
 from __future__ import annotations
 
 import os
+import time
 
 SPIN = "20000"  # libgomp's spin iterations before a thread sleeps (its own default is 300,000)
 
 
-def wait_policy(environ: dict[str, str] | os._Environ, load: float, cores: int) -> dict[str, str]:
-    """The variables to add to environ: none where the user set either; a short spin on a machine whose
-    1-minute load leaves half its cores free; else PASSIVE."""
+def wait_policy(environ: dict[str, str] | os._Environ, others: int, cores: int) -> dict[str, str]:
+    """The variables to add to environ: none where the user set either; a short spin where the other runnable
+    tasks would leave nearly every core to our threads (none on 2 cores, up to 4 on 16); else PASSIVE."""
     if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return {}
-    return {"GOMP_SPINCOUNT": SPIN} if load <= cores / 2 else {"OMP_WAIT_POLICY": "PASSIVE"}
+    return {"GOMP_SPINCOUNT": SPIN} if others <= cores // 4 else {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def other_runnable(samples: int = 5) -> int:
+    """Runnable tasks now, this one aside (/proc/loadavg's fourth field), the fewest of a few samples 1 ms apart (a
+    kernel thread or a shell can be runnable for an instant; a busy process is in every sample); the 1-minute
+    load where there is no /proc."""
+    try:
+        seen = []
+        for i in range(samples):
+            with open("/proc/loadavg") as f:
+                seen.append(int(f.read().split()[3].split("/")[0]) - 1)
+            if i + 1 < samples:
+                time.sleep(0.001)
+        return max(0, min(seen))
+    except (OSError, IndexError, ValueError):
+        return round(os.getloadavg()[0])
 
 
 def choose() -> dict[str, str]:
-    chosen = wait_policy(os.environ, os.getloadavg()[0], os.cpu_count() or 1)
+    chosen = wait_policy(os.environ, other_runnable(), os.cpu_count() or 1)
     os.environ.update(chosen)
     return chosen
