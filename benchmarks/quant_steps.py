@@ -13,9 +13,15 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROWS = (1, 8, 32, 64, 512)
+
+
+def _apply(builds: dict, name: str, x):
+    return builds[name](x)
 
 
 def main() -> None:
@@ -39,10 +45,10 @@ def main() -> None:
     assert loaded.weights is not None and loaded.quant is not None
     dense = {name: loaded.weights.get(name, loaded.weights["embed"]) if name == "lm_head" else loaded.weights[name]
              for name in loaded.quant}
-    formats = {"dense fp32": lambda name, x: F.linear(x, dense[name])}
+    formats: dict[str, Callable[[str, torch.Tensor], torch.Tensor]] = {"dense fp32": lambda name, x: F.linear(x, dense[name])}
     for isa in ("avx2", "avx512") if avx512_supported() else ("avx2",):  # the two builds give the same bits
         builds = {name: dataclasses.replace(w, lib=load_kernel(args.cache, isa)) for name, w in loaded.quant.items()}
-        formats[f"gguf {isa}"] = lambda name, x, builds=builds: builds[name](x)
+        formats[f"gguf {isa}"] = partial(_apply, builds)
     by_rows: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in map(int, args.rows.split(",")):

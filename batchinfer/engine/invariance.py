@@ -1,10 +1,11 @@
-"""Start-up probe for batch invariance: the row pad that makes every matmul row independent of its batch.
+"""Start-up probe for batch invariance: how matmul rows are cut into calls (the row pad, and the most rows a
+call) so that every row is independent of its batch.
 
 GEMM libraries choose kernels by the shape they are given, and the choice is the machine's (CPU flags,
-library version, thread count), so the pad is measured here, on the model's own weight shapes and dtype,
-rather than assumed: the smallest candidate under which every probed row count gives each row bitwise the
-result it has in a larger call, and under which the chunked attention gives a query the same output
-whatever else shares its batch. The answer is kept in the model cache (probe_cache.py), keyed on what
+library version, thread count), so the plan is measured here, on the model's own weight shapes and dtype,
+rather than assumed: the smallest pad, then the largest call, under which every probed row count gives each
+row bitwise the result it has in the largest call, and under which the chunked attention gives a query the
+same output whatever else shares its batch. The answer is kept in the model cache (probe_cache.py), keyed on what
 decides it, so a warm start on the same machine and torch does not probe again.
 """
 from __future__ import annotations
@@ -16,22 +17,24 @@ import torch
 
 from . import probe_cache
 from .attention.chunked import CHUNK, attend_chunks
-from .layers.linear import linear, pad_rows
+from .layers.linear import RowPlan, linear, pad_rows
 
 log = logging.getLogger(__name__)
 
 ROW_PAD_CANDIDATES = (1, 4, 8, 16, 32)
-PROBE_ROWS = (1, 2, 3, 5, 6, 7, 9, 13, 17)  # row counts around the multiples of 4 and 8
-REFERENCE_ROWS = 20
+MAX_ROWS_CANDIDATES = (0, 128, 64, 48, 32, 16)  # 0: any number of rows in one call
+PROBE_ROWS = (1, 2, 3, 5, 6, 7, 9, 13, 17, 33, 49, 65, 129, 257)  # around multiples of 4 and 8, and larger calls
+REFERENCE_ROWS = 300  # the call every probed one is compared with (rows past max_rows are cut into calls)
 # cuBLAS changes fp32 kernels at larger row counts than oneDNN (seen on an H200: dtype.py); a GPU probes them too
-CUDA_PROBE_ROWS = PROBE_ROWS + (33, 64, 65, 128, 129, 300)
+CUDA_PROBE_ROWS = PROBE_ROWS + (64, 128, 300)
 CUDA_REFERENCE_ROWS = 512
-_probed: dict[tuple, int] = {}  # one probe per process for each set of shapes
+_probed: dict[tuple, RowPlan] = {}  # one probe per process for each set of shapes
 
 
-def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int, cache_dir: str | Path | None = None) -> int:
-    """The smallest row pad under which every weight shape (one of each) and the attention are invariant;
-    read from cache_dir when this machine, torch and these shapes were probed before."""
+def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int,
+                  cache_dir: str | Path | None = None) -> RowPlan:
+    """The smallest row pad, and with it the largest call, under which every weight shape (one of each) and the
+    attention are invariant; read from cache_dir when this machine, torch and these shapes were probed before."""
     shapes: dict[tuple, torch.Tensor] = {}
     for w in weights:
         shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
@@ -41,7 +44,7 @@ def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int, cache_
     return _probed[key]
 
 
-def _cached_probe(weights: list[torch.Tensor], head_dim: int, group: int, cache_dir: str | Path | None) -> int:
+def _cached_probe(weights: list[torch.Tensor], head_dim: int, group: int, cache_dir: str | Path | None) -> RowPlan:
     if cache_dir is None:
         return _probe(weights, head_dim, group)[0]
     key = probe_cache.probe_key([(tuple(w.shape), w.dtype, w.device) for w in weights], head_dim, group)
@@ -50,24 +53,27 @@ def _cached_probe(weights: list[torch.Tensor], head_dim: int, group: int, cache_
     if stored is not None:
         if not stored.get("invariant"):
             _warn_not_invariant()
-        return stored["row_pad"]
-    pad, invariant = _probe(weights, head_dim, group)
-    probe_cache.save(path, key, pad, invariant)
-    return pad
+        return RowPlan(stored["row_pad"], stored["max_rows"])
+    plan, invariant = _probe(weights, head_dim, group)
+    probe_cache.save(path, key, plan, invariant)
+    return plan
 
 
-def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> tuple[int, bool]:
-    """(pad, whether it is invariant): the largest candidate, with a warning, when none is."""
+def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> tuple[RowPlan, bool]:
+    """(plan, whether it is invariant): the largest pad in calls of its size, with a warning, when none is."""
     for pad in ROW_PAD_CANDIDATES:
-        if all(_linear_invariant(w, pad) for w in weights) and _attention_invariant(head_dim, group, pad):
-            return pad, True
+        if not _attention_invariant(head_dim, group, pad):
+            continue
+        for most in (m for m in MAX_ROWS_CANDIDATES if m % pad == 0):
+            if all(_linear_invariant(w, RowPlan(pad, most)) for w in weights):
+                return RowPlan(pad, most), True
     _warn_not_invariant()
-    return ROW_PAD_CANDIDATES[-1], False
+    return RowPlan(ROW_PAD_CANDIDATES[-1], ROW_PAD_CANDIDATES[-1]), False
 
 
 def _warn_not_invariant() -> None:
-    log.warning("no row pad in %s made the matmuls batch-invariant on this machine; outputs may depend on the batch",
-                ROW_PAD_CANDIDATES)
+    log.warning("no row pad in %s and call size in %s made the matmuls batch-invariant on this machine; outputs may "
+                "depend on the batch", ROW_PAD_CANDIDATES, MAX_ROWS_CANDIDATES)
 
 
 def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
@@ -75,14 +81,14 @@ def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tens
     return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
 
-def _linear_invariant(weight: torch.Tensor, pad: int) -> bool:
+def _linear_invariant(weight: torch.Tensor, plan: RowPlan) -> bool:
     cuda = weight.device.type == "cuda"
     x = _randn((CUDA_REFERENCE_ROWS if cuda else REFERENCE_ROWS) + 3, weight.shape[1], dtype=weight.dtype,
                device=weight.device)
-    want = linear(x, weight, pad)
+    want = linear(x, weight, plan)
     for rows in CUDA_PROBE_ROWS if cuda else PROBE_ROWS:
         offset = rows % 4  # a row's place in the call must not matter either
-        if not torch.equal(linear(x[offset:offset + rows], weight, pad), want[offset:offset + rows]):
+        if not torch.equal(linear(x[offset:offset + rows], weight, plan), want[offset:offset + rows]):
             return False
     return True
 

@@ -78,9 +78,9 @@ class ModelRunner:
         weights = [m.lm_head] + [w for layer in m.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
                                                                       layer.down_proj, layer.router) if w is not None]
         weights += [w[0] for layer in m.layers[:1] for w in (layer.experts_gate_up, layer.experts_down) if w is not None]
-        m.row_pad = probe_row_pad(weights, m.head_dim, m.num_q_heads // m.num_kv_heads, self.config.cache_dir)
+        m.row_plan = probe_row_pad(weights, m.head_dim, m.num_q_heads // m.num_kv_heads, self.config.cache_dir)
         if hasattr(attention, "row_pad"):
-            attention.row_pad = m.row_pad
+            attention.row_pad = m.row_plan.pad
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         m = self.model

@@ -45,19 +45,20 @@ def load(path: Path, key: dict) -> dict | None:
         stored = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("row_pad"), int):
+    if not isinstance(stored, dict) or stored.get("key") != key or not isinstance(stored.get("row_pad"), int) \
+            or not isinstance(stored.get("max_rows"), int):
         return None
     return stored
 
 
-def save(path: Path, key: dict, row_pad: int, invariant: bool) -> None:
+def save(path: Path, key: dict, plan: tuple[int, int], invariant: bool) -> None:
     """Write beside the target and rename: a concurrent reader sees the whole file or none. A read-only
     cache is no error: the probe just runs again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w") as out:
-            json.dump({"row_pad": row_pad, "invariant": invariant, "key": key}, out, indent=1)
+            json.dump({"row_pad": plan[0], "max_rows": plan[1], "invariant": invariant, "key": key}, out, indent=1)
         os.replace(tmp, path)
     except OSError as exc:
         log.warning("could not cache the invariance probe at %s: %s", path, exc)

@@ -1,5 +1,5 @@
-"""The invariance probe's row pad is kept in the model cache, and read back only under the same key: the same
-machine, torch, thread count, weight shapes and dtype, and probe code."""
+"""The invariance probe's row plan (pad and call size) is kept in the model cache, and read back only under the
+same key: the same machine, torch, thread count, weight shapes and dtype, and probe code."""
 from __future__ import annotations
 
 import json
@@ -28,15 +28,15 @@ def _stored(cache) -> list[dict]:
 
 
 def test_a_warm_start_takes_the_stored_pad_instead_of_probing(tmp_path):
-    pad = invariance.probe_row_pad(_weights(), 16, 3, tmp_path)
+    plan = invariance.probe_row_pad(_weights(), 16, 3, tmp_path)
     [stored] = _stored(tmp_path)
-    assert stored["row_pad"] == pad and stored["invariant"] is True
+    assert (stored["row_pad"], stored["max_rows"]) == plan and stored["invariant"] is True
     assert stored["key"]["threads"] == torch.get_num_threads()
     # Another answer under the same key proves the next start reads the file rather than probing again.
     path = next((tmp_path / "invariance").glob("row-pad-*.json"))
-    path.write_text(json.dumps(stored | {"row_pad": pad * 8}))
+    path.write_text(json.dumps(stored | {"row_pad": plan.pad * 8, "max_rows": 40}))
     invariance._probed.clear()
-    assert invariance.probe_row_pad(_weights(), 16, 3, tmp_path) == pad * 8
+    assert invariance.probe_row_pad(_weights(), 16, 3, tmp_path) == (plan.pad * 8, 40)
 
 
 def test_other_threads_shapes_or_dtype_are_probed_on_their_own(tmp_path):
@@ -54,13 +54,15 @@ def test_other_threads_shapes_or_dtype_are_probed_on_their_own(tmp_path):
 
 
 def test_a_torn_or_foreign_file_is_probed_again(tmp_path):
-    pad = invariance.probe_row_pad(_weights(), 16, 3, tmp_path)
+    plan = invariance.probe_row_pad(_weights(), 16, 3, tmp_path)
     path = next((tmp_path / "invariance").glob("row-pad-*.json"))
-    for text in ("{", json.dumps({"row_pad": 64, "invariant": True, "key": {"machine": "another"}})):
+    key = json.loads(path.read_text())["key"]
+    for text in ("{", json.dumps({"row_pad": 64, "max_rows": 0, "invariant": True, "key": {"machine": "another"}}),
+                 json.dumps({"row_pad": 64, "invariant": True, "key": key})):  # an older file: no max_rows
         path.write_text(text)
         invariance._probed.clear()
-        assert invariance.probe_row_pad(_weights(), 16, 3, tmp_path) == pad
-        assert json.loads(path.read_text())["row_pad"] == pad
+        assert invariance.probe_row_pad(_weights(), 16, 3, tmp_path) == plan
+        assert json.loads(path.read_text())["row_pad"] == plan.pad
 
 
 def test_the_key_follows_the_settings_that_steer_kernel_dispatch(monkeypatch):
@@ -78,5 +80,5 @@ def test_the_key_follows_the_settings_that_steer_kernel_dispatch(monkeypatch):
 
 def test_without_a_cache_dir_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert invariance.probe_row_pad(_weights(), 16, 3) in invariance.ROW_PAD_CANDIDATES
+    assert invariance.probe_row_pad(_weights(), 16, 3).pad in invariance.ROW_PAD_CANDIDATES
     assert list(tmp_path.iterdir()) == []

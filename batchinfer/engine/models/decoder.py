@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..layers.activation import gated
-from ..layers.linear import linear
+from ..layers.linear import RowPlan, linear
 from ..layers.quant_linear import QuantWeight
 from ..layers.moe import moe_mlp
 from ..layers.rope import RopeTable, apply_rope
@@ -45,7 +45,7 @@ class DecoderForCausalLM:
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
         self.attention = attention
-        self.row_pad = 4  # matmul rows padded to a multiple of this; invariance.probe_row_pad sets it
+        self.row_plan = RowPlan()  # how dense matmuls cut their rows; invariance.probe_row_pad sets it
         self.quant = quant  # quantized projections for every step (layers/quant_linear.py), or None
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
@@ -81,7 +81,7 @@ class DecoderForCausalLM:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            lin = _Linear(self.quant, f"layers.{i}.", self.row_pad)
+            lin = _Linear(self.quant, f"layers.{i}.", self.row_plan)
             cos, sin = rope[spec.layer_rope[i]]
             out = self._attention(layer, lin, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
             hidden = hidden + self._norm(out, layer.attn_out_norm)
@@ -89,7 +89,7 @@ class DecoderForCausalLM:
         rows = torch.cat([sample_indices, hidden_indices])
         normed = F.rms_norm(hidden[rows], (self.hidden_size,), self.final_norm, self.eps)
         n = sample_indices.numel()
-        logits = _Linear(self.quant, "", self.row_pad)(normed[:n], self.lm_head, "lm_head").float()
+        logits = _Linear(self.quant, "", self.row_plan)(normed[:n], self.lm_head, "lm_head").float()
         if spec.final_softcap is not None:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits, normed[n:].float()
@@ -121,7 +121,7 @@ class DecoderForCausalLM:
             moe = self.spec.moe
             assert moe is not None and layer.experts_gate_up is not None and layer.experts_down is not None
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
-                           self.spec.activation, self.row_pad)
+                           self.spec.activation, self.row_plan)
         assert layer.gate_up_proj is not None and layer.down_proj is not None
         return lin(gated(lin(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj, "down_proj")
 
@@ -133,12 +133,12 @@ class _Linear:
     """The batch-invariant dense linear, or the quantized copy of the weight when the model has one (every step
     uses the same one: a row's result never depends on its neighbours)."""
 
-    __slots__ = ("packs", "prefix", "row_pad")
+    __slots__ = ("packs", "prefix", "rows")
 
-    def __init__(self, packs: dict[str, QuantWeight] | None, prefix: str, row_pad: int):
-        self.packs, self.prefix, self.row_pad = packs, prefix, row_pad
+    def __init__(self, packs: dict[str, QuantWeight] | None, prefix: str, rows: RowPlan):
+        self.packs, self.prefix, self.rows = packs, prefix, rows
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
         if self.packs is None:
-            return linear(x, weight, self.row_pad)
+            return linear(x, weight, self.rows)
         return self.packs[self.prefix + name](x)
