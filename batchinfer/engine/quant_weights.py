@@ -58,7 +58,7 @@ def load_quant(weight_format: str, source: Path, tree, cache_dir: str | Path,
     """(the quantized weights with the kernel attached, or None: dense; the format that runs; why). "auto" is
     "gguf" where the checkpoint is a GGUF the loader can repack and the CPU has what the kernel is built for,
     else dense. An explicit format this checkpoint or machine cannot run raises UnsupportedWeightFormat."""
-    from .layers.quant_build import CPU_FLAGS, QuantKernelUnavailable, cpu_supported, load_kernel
+    from .layers.quant_build import CPU_FLAGS, QuantKernelUnavailable, cpu_supported, kernel_isa, load_kernel
 
     if weight_format == "auto" and source.suffix != ".gguf":  # checked first: no kernel build for nothing
         return None, "dense", "auto: not a GGUF checkpoint"
@@ -77,7 +77,8 @@ def load_quant(weight_format: str, source: Path, tree, cache_dir: str | Path,
     if weight_format != "auto":
         return weights, asked, "asked"
     kinds = "/".join(sorted({w.format.upper() for w in weights.values()}))
-    return weights, asked, f"auto: the GGUF's own {kinds} blocks, CPU has {' '.join(CPU_FLAGS)}"
+    isa = "avx512f: the kernel's AVX-512 build" if kernel_isa() == "avx512" else " ".join(CPU_FLAGS)
+    return weights, asked, f"auto: the GGUF's own {kinds} blocks, CPU has {isa}"
 
 
 def build(gguf: Path, config, dense: dict[str, torch.Tensor]) -> dict[str, QuantWeight]:

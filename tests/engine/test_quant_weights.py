@@ -11,6 +11,7 @@ from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.layers import quant_build
 from batchinfer.engine.layers.quant_build import cpu_supported
 from batchinfer.engine.loader import load_model_light
+from batchinfer.engine.native_build import avx512_supported
 from batchinfer.engine.quant_weights import UnsupportedWeightFormat
 
 pytestmark = pytest.mark.skipif(not cpu_supported(), reason="the quantized kernel needs AVX2, FMA and F16C")
@@ -41,7 +42,8 @@ def test_gguf_format_on_a_safetensors_checkpoint_is_refused_in_one_line():
 def test_the_default_runs_the_ggufs_own_blocks_here_and_says_why():
     engine = LLMEngine.from_pretrained(None, model_cache_dir(), EngineConfig(kv_cache_bytes=16 << 20))
     assert engine.runner.model.quant is not None and engine.runner.model.quant["layers.0.qkv_proj"].lib is not None
-    assert engine.weights_note == "gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, CPU has avx2 fma f16c)"
+    cpu = "avx512f: the kernel's AVX-512 build" if avx512_supported() else "avx2 fma f16c"  # the build it runs
+    assert engine.weights_note == f"gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, CPU has {cpu})"
     assert EngineConfig().weight_format == "auto" and LLMEngine(
         load_model_light(None, model_cache_dir(), torch.float32, "dense"), EngineConfig()).weights_note == "dense (asked)"
 
