@@ -10,7 +10,7 @@ import torch
 
 from batchinfer.engine import EngineConfig
 from batchinfer.engine.layers import quant_linear as ql
-from batchinfer.engine.layers.quant_build import cpu_supported, load_kernel
+from batchinfer.engine.layers.quant_build import QuantKernelUnavailable, cpu_supported, load_kernel
 from batchinfer.engine.native_build import avx512_supported
 
 pytestmark = [pytest.mark.fast,
@@ -66,6 +66,18 @@ def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path_factory, fmt):
     avx2, avx512 = (dataclasses.replace(w, lib=load_kernel(cache, isa)) for isa in ("avx2", "avx512"))
     for rows in range(1, 41):
         assert torch.equal(avx2(x[:rows]), avx512(x[:rows])), f"{rows} rows"
+
+
+@pytest.mark.skipif(not avx512_supported(), reason="this CPU has no AVX-512: only the AVX2 build runs here")
+def test_a_compiler_without_avx512_falls_back_to_the_avx2_build(tmp_path, monkeypatch):
+    cc = tmp_path / "cc"  # a real compiler that refuses -mavx512f, as an old gcc would
+    cc.write_text('#!/bin/sh\ncase "$*" in *-mavx512f*) echo "unknown option" >&2; exit 1;; esac\nexec gcc "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    lib = load_kernel(str(tmp_path / "cache"))
+    assert "quant_kernel-" in lib._name and "avx512" not in lib._name
+    with pytest.raises(QuantKernelUnavailable, match="AVX-512"):  # asked for by name, it says why
+        load_kernel(str(tmp_path / "cache"), "avx512")
 
 
 @pytest.mark.parametrize("kind,qtype", [("q4_1", "Q4_1"), ("q8_0", "Q8_0")])

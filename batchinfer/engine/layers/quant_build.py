@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 from functools import lru_cache
 from pathlib import Path
 
@@ -11,6 +12,7 @@ SOURCE = Path(__file__).with_name("quant_kernel.c")
 AVX512_SOURCE = Path(__file__).with_name("quant_kernel_avx512.c")  # the same bits, 16 lanes an instruction
 W4A8_SOURCE = Path(__file__).with_name("w4a8_kernel.c")
 QuantKernelUnavailable = NativeKernelUnavailable
+log = logging.getLogger(__name__)
 
 __all__ = ["CPU_FLAGS", "QuantKernelUnavailable", "cpu_supported", "kernel_isa", "load_kernel", "load_w4a8_kernel"]
 
@@ -22,9 +24,15 @@ def kernel_isa() -> str:
 @lru_cache(maxsize=2)
 def load_kernel(cache_dir: str, isa: str | None = None) -> ctypes.CDLL:
     """The quantized kernel for this CPU (`isa` None), or the "avx2" / "avx512" build (tests compare them)."""
+    lib = None
     if (isa or kernel_isa()) == "avx512":
-        lib = build_library(AVX512_SOURCE, cache_dir, "quantized kernel (AVX-512)", AVX512)
-    else:
+        try:
+            lib = build_library(AVX512_SOURCE, cache_dir, "quantized kernel (AVX-512)", AVX512)
+        except NativeKernelUnavailable as exc:
+            if isa:
+                raise
+            log.warning("%s; running the AVX2 build (the same results)", exc)  # e.g. a compiler without AVX-512
+    if lib is None:
         lib = build_library(SOURCE, cache_dir, "quantized kernel", AVX2)
     i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.q4_1_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, c_int]
