@@ -212,7 +212,7 @@ def _run_in_process(ctx, job, quiet: bool = False) -> None:
     from batchinfer.runtime.embedded import run_pending
     from batchinfer.runtime.engine_process import EngineProcessLost, generator_for
 
-    with RunProgress(err, job.total - job.invalid, quiet) as progress:
+    with RunProgress(err, job.total - job.invalid, quiet, job.id) as progress:
         try:
             run_pending(ctx, on_result=progress.on_result, on_loaded=progress.loaded, load=generator_for)
         except EngineProcessLost as exc:

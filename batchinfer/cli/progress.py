@@ -18,14 +18,16 @@ from rich.progress import (
 
 
 class RunProgress:
-    """A rich progress bar over one in-process run; feed it each finished request (on_result)."""
+    """A rich progress bar over one job's in-process run; feed it each finished request (on_result). The run also
+    takes up other jobs' units waiting in the same data directory (another `run` beside it, an interrupted one):
+    only this job's requests move its bar."""
 
-    def __init__(self, console: Console, total: int, quiet: bool = False):
+    def __init__(self, console: Console, total: int, quiet: bool = False, job_id: str | None = None):
         columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         self.progress = Progress(*columns, console=console, disable=quiet, transient=False)
         self.task = self.progress.add_task("loading model", total=total, rate="")
-        self.tokens, self.started = 0, time.monotonic()
+        self.tokens, self.started, self.job_id = 0, time.monotonic(), job_id
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
@@ -39,6 +41,8 @@ class RunProgress:
         self.progress.update(self.task, description="generating")
 
     def on_result(self, result) -> None:
+        if self.job_id is not None and result.request_id.rsplit(":", 1)[0] != self.job_id:
+            return
         self.tokens += result.completion_tokens
         elapsed = max(time.monotonic() - self.started, 1e-6)
         self.progress.update(self.task, advance=1, rate=f"{self.tokens / elapsed:.0f} tok/s")
