@@ -142,3 +142,16 @@ def test_generate_stops_aborted_requests_and_the_rest_run_on(engine):
     assert never.finish_reason == "abort" and never.completion_tokens == 0
     assert not engine.has_unfinished() and not engine.seqs
     engine.block_manager.check_integrity([])
+
+
+def test_greedy_takes_the_first_of_equal_maxima_as_argmax_does():
+    import torch
+
+    from batchinfer.engine.sampler import Sampler
+
+    logits = torch.zeros(3, 49152)
+    logits[0, [700, 300]] = 2.0  # a tie: the lower id wins, as torch.argmax and transformers' greedy pick
+    logits[1, 49151] = 1.0
+    logits[2] = torch.randn(49152, generator=torch.Generator().manual_seed(0))
+    picked = Sampler().sample(logits, ["a", "b", "c"], [SamplingParams(temperature=0.0)] * 3)
+    assert picked == [300, 49151, int(logits[2].argmax())]
