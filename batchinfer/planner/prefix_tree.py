@@ -4,26 +4,31 @@ groups and orders requests by.
 Two requests share a node exactly when the engine could share those KV blocks between them
 (only full blocks are shared, as in the engine, and only within one cache scope: the root has one
 child per scope, at depth 0, and every prefix hangs under its request's scope). Edges hold runs of whole blocks, so a request
-that follows a long shared system prompt costs one tuple comparison, not one per block.
+that follows a long shared system prompt costs one comparison, not one per block.
+
+The tree copies no token ids: each request's ids are one array('i') (4 bytes a token; a tuple of Python ints
+costs about 36), a node's edge is a slice of the ids of a request that passes through it (`src`), and only a
+child's first block is copied, as the bytes it is looked up by. A 200 MB batch holds ~20 million pending tokens.
 """
 from __future__ import annotations
 
 import gc
 import hashlib
-from contextlib import contextmanager
 from array import array
+from collections.abc import Sequence
+from contextlib import contextmanager
 
-from batchinfer.planner.types import PendingRequest
+from batchinfer.planner.types import PendingRequest, token_array
 
 
 class Node:
-    __slots__ = ("edge", "depth", "parent", "children", "ends", "count", "cost", "savings", "first", "ordered")
+    __slots__ = ("src", "depth", "parent", "children", "ends", "count", "cost", "savings", "first", "ordered")
 
-    def __init__(self, edge: tuple[int, ...], depth: int, parent: Node | None):
-        self.edge = edge  # token ids from the parent to this node (whole blocks)
+    def __init__(self, src: array, depth: int, parent: Node | None):
+        self.src = src  # ids of a request through this node: its edge is src[parent.depth:depth] (whole blocks)
         self.depth = depth  # tokens from the root to the end of this node
         self.parent = parent
-        self.children: dict[tuple, Node] = {}  # keyed by the child's first block (the root's: by scope)
+        self.children: dict[object, Node] = {}  # keyed by the child's first block, as bytes (the root's: by scope)
         self.ends: list[int] = []  # requests whose last full block ends here
         self.count = 0  # requests in the subtree
         self.cost = 0  # prompt + max_tokens over the subtree
@@ -31,23 +36,30 @@ class Node:
         self.first = 0  # smallest request position in the subtree (earliest arrival)
         self.ordered: list[Node] = []  # children, most reuse first
 
+    @property
+    def edge_len(self) -> int:
+        return self.depth - self.parent.depth if self.parent else 0
+
     def is_branch_point(self) -> bool:
         return len(self.children) != 1 or bool(self.ends)
+
+
+_NO_IDS = array("i")
 
 
 class PrefixTree:
     def __init__(self, requests: list[PendingRequest], block_size: int):
         self.requests = requests
         self.block_size = block_size
-        self.root = Node((), 0, None)
-        self.node_of: list[Node] = [self._insert(p, r.prompt_token_ids, self._scope_root(r.scope))
+        self.root = Node(_NO_IDS, 0, None)
+        self.node_of: list[Node] = [self._insert(p, token_array(r.prompt_token_ids), self._scope_root(r.scope))
                                     for p, r in enumerate(requests)]
         self._annotate()
 
     def _scope_root(self, scope: str) -> Node:
         node = self.root.children.get((scope,))
         if node is None:
-            node = self.root.children[(scope,)] = Node((), 0, self.root)
+            node = self.root.children[(scope,)] = Node(_NO_IDS, 0, self.root)
         return node
 
     @property
@@ -55,31 +67,33 @@ class PrefixTree:
         """One node per scope, most reuse first: nothing below two of them is shared."""
         return self.root.ordered
 
-    def _insert(self, position: int, ids: tuple[int, ...], scope_root: Node) -> Node:
-        bs, node, pos = self.block_size, scope_root, 0
+    def _block(self, ids: array, pos: int) -> bytes:
+        return ids[pos:pos + self.block_size].tobytes()
+
+    def _insert(self, position: int, ids: array, scope_root: Node) -> Node:
+        bs, node, pos = self.block_size, scope_root, 0  # node.depth == pos throughout
         end = len(ids) // bs * bs
         while pos < end:
-            child = node.children.get(ids[pos:pos + bs])
+            child = node.children.get(self._block(ids, pos))
             if child is None:
-                child = Node(ids[pos:end], end, node)
-                node.children[child.edge[:bs]] = child
+                child = Node(ids, end, node)
+                node.children[self._block(ids, pos)] = child
                 node, pos = child, end
                 break
-            span = len(child.edge)
-            if pos + span <= end and ids[pos:pos + span] == child.edge:
-                node, pos = child, pos + span
+            if child.depth <= end and ids[pos:child.depth] == child.src[pos:child.depth]:
+                node, pos = child, child.depth
                 continue
-            node = self._split(child, self._matched_blocks(child.edge, ids, pos, end) * bs)
+            node = self._split(child, self._matched_blocks(child, ids, pos, end) * bs)
             pos = node.depth
         node.ends.append(position)
         return node
 
-    def _matched_blocks(self, edge: tuple[int, ...], ids: tuple[int, ...], pos: int, end: int) -> int:
-        bs = self.block_size
-        lo, hi = 1, min(len(edge), end - pos) // bs  # the first block matched already
+    def _matched_blocks(self, child: Node, ids: array, pos: int, end: int) -> int:
+        bs, edge = self.block_size, child.src
+        lo, hi = 1, (min(child.depth, end) - pos) // bs  # the first block matched already
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if ids[pos:pos + mid * bs] == edge[:mid * bs]:
+            if ids[pos:pos + mid * bs] == edge[pos:pos + mid * bs]:
                 lo = mid
             else:
                 hi = mid - 1
@@ -88,10 +102,10 @@ class PrefixTree:
     def _split(self, child: Node, at: int) -> Node:
         parent = child.parent
         assert parent is not None, "only a child is split: the root has no edge"
-        mid = Node(child.edge[:at], child.depth - len(child.edge) + at, parent)
-        parent.children[mid.edge[:self.block_size]] = mid
-        child.edge, child.parent = child.edge[at:], mid
-        mid.children[child.edge[:self.block_size]] = child
+        mid = Node(child.src, parent.depth + at, parent)
+        parent.children[self._block(child.src, parent.depth)] = mid  # the child's key: it keeps its place
+        child.parent = mid
+        mid.children[self._block(child.src, mid.depth)] = child
         return mid
 
     def preorder(self) -> list[Node]:
@@ -118,7 +132,7 @@ class PrefixTree:
                     first = min(first, k.first)
                 node.ordered = sorted(kids, key=_reuse_first) if len(kids) > 1 else kids
             node.count, node.cost, node.first = count, cost, first
-            node.savings = savings + len(node.edge) * (count - 1)
+            node.savings = savings + node.edge_len * (count - 1)
 
     def expected_cached_tokens(self) -> int:
         """Prompt tokens served from cache when every distinct block is computed once."""
@@ -152,7 +166,7 @@ def _reuse_first(node: Node) -> tuple[int, int]:
     return -node.savings, node.first
 
 
-def prefix_key(token_ids: tuple[int, ...] | list[int], scope: str = "") -> str:
+def prefix_key(token_ids: Sequence[int], scope: str = "") -> str:
     """Stable routing key of a token prefix in a cache scope (the same in every process and plan)."""
     if not token_ids:
         return ""
@@ -163,7 +177,7 @@ def prefix_key(token_ids: tuple[int, ...] | list[int], scope: str = "") -> str:
 @contextmanager
 def gc_paused():
     """Planning allocates about one tree node per request; pausing the cyclic collector meanwhile
-    keeps it from rescanning every prompt tuple again and again (it collects the tree later)."""
+    keeps it from rescanning every node and request again and again (it collects the tree later)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

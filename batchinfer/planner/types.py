@@ -1,14 +1,22 @@
 """What the planner takes (pending requests of queued jobs) and gives (work units)."""
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+
+def token_array(ids: Sequence[int]) -> array:
+    """Prompt token ids as the planner and dispatch keep them: 4 bytes a token, where a tuple or list of
+    Python ints costs about 36 (token ids fit in 32 bits; a larger one raises OverflowError)."""
+    return ids if isinstance(ids, array) and ids.typecode == "i" else array("i", ids)
 
 
 @dataclass(frozen=True)
 class PendingRequest:
     job_id: str
     index: int  # position among the job's valid requests (input order)
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: Sequence[int]  # token_array() from a prepared record; a tuple works the same
     max_tokens: int
     priority: int = 0  # higher runs first
     submitted_at: float = 0.0  # the job's queued time, wall clock

@@ -184,6 +184,12 @@ def _pending_indices(session, job_ids: list[str]) -> dict[str, set[int]]:
     return pending
 
 
+def _parse(raw: bytes) -> PreparedRequest:
+    """A round holds every pending record it read until its units are written (~30,000 of ~600 tokens in a
+    200 MB batch): each kept record's token ids as array('i'), 4 bytes a token instead of ~36 as a list of ints."""
+    return PreparedRequest.from_json(raw).compact()
+
+
 def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[str, int], PreparedRequest]:
     """Stream each job's prepared file, keeping only the pending requests."""
     found = {}
@@ -201,7 +207,7 @@ def _in_order(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str
     with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
         for position, raw in enumerate(stream):
             if position in indices:
-                req = PreparedRequest.from_json(raw)
+                req = _parse(raw)
                 if req.index != position:
                     return None
                 found[job_id, position] = req
@@ -225,7 +231,7 @@ def _from_parts(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[s
                 for raw in stream:
                     req = PreparedRequest.from_json(raw)
                     if req.index in indices:
-                        found[job_id, req.index] = req
+                        found[job_id, req.index] = req.compact()
         except FileNotFoundError:  # validated without streaming (a process with it off): planned at its queue move
             return {}
     return found
@@ -237,7 +243,7 @@ def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, i
         for raw in stream:
             req = PreparedRequest.from_json(raw)
             if req.index in indices:
-                found[job_id, req.index] = req
+                found[job_id, req.index] = req.compact()
     return found
 
 

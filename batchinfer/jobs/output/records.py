@@ -3,11 +3,13 @@ and a unit's result lines (unit runner -> assembly, reports)."""
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from batchinfer.engine.types import SamplingParams
 from batchinfer.planner import PendingRequest
+from batchinfer.planner.types import token_array
 
 T = TypeVar("T")
 
@@ -26,7 +28,7 @@ class PreparedRequest:
     custom_id: str
     url: str
     model: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | array  # an array('i') once compact()
     sampling: SamplingParams
     echo: dict[str, Any] | None = None  # request fields the output body repeats (a Response's metadata)
 
@@ -34,6 +36,8 @@ class PreparedRequest:
         # Shallow: asdict() deep-copies every prompt token id (~1 ms a request; validation and dispatch
         # each write every request once).
         entry = {name: getattr(self, name) for name in _PREPARED_FIELDS}
+        if isinstance(self.prompt_token_ids, array):  # a compact record is written as the list it was read from
+            entry["prompt_token_ids"] = self.prompt_token_ids.tolist()
         entry["sampling"] = {name: getattr(self.sampling, name) for name in _SAMPLING_FIELDS}  # flat: no deep copy
         return entry
 
@@ -48,8 +52,14 @@ class PreparedRequest:
     def from_json(cls, text: str | bytes) -> PreparedRequest:
         return cls.from_dict(json.loads(text))
 
+    def compact(self) -> PreparedRequest:
+        """Keep the token ids as an array('i'): dispatch holds every pending record of a round (see token_array)."""
+        self.prompt_token_ids = token_array(self.prompt_token_ids)
+        return self
+
     def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "") -> PendingRequest:
-        return PendingRequest(job_id, self.index, tuple(self.prompt_token_ids), self.sampling.max_tokens,
+        """Shares the ids when compact (no copy); a list is copied into an array."""
+        return PendingRequest(job_id, self.index, token_array(self.prompt_token_ids), self.sampling.max_tokens,
                               priority, submitted_at, scope, self.sampling.n)
 
 
