@@ -210,6 +210,33 @@ def test_a_dispatch_task_runs_in_rounds_each_behind_the_units_it_sent(make_conte
         {u: 4 for u in sent})
 
 
+def test_a_round_chain_waits_for_rows_while_a_file_is_validated_and_one_chain_at_a_time(make_context, redis_server,
+                                                                                         monkeypatch, tiny_model):
+    """A streamed file whose units keep up with its validation: a round finds nothing pending, and its chain must
+    look again (it used to end, and nothing was dispatched until the queue move). One waiting chain at a time;
+    once no file is validated, a round that sent nothing ends its chain."""
+    from batchinfer.db.models import Job
+    from workers import tasks
+
+    ctx = make_context(model=tiny_model, broker_url=f"{redis_server}/0", broker_prefix=f"wt-{uuid.uuid4().hex[:8]}:",
+                       stream_dispatch=True)
+    job = submit_lines(ctx, _lines(40))
+    monkeypatch.setattr(tasks, "dispatch_units", lambda c, on_units, max_units: dispatch(
+        c, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
+    monkeypatch.setattr(tasks, "send_units", lambda batch: None)
+    rounds: list[tuple[int, float | None]] = []
+    monkeypatch.setattr(tasks, "next_round", lambda r, countdown=None: rounds.append((r, countdown)))
+    assert tasks.dispatch_and_send(ctx, "inc-1", 2) == 10 and rounds == []  # all planned; the file is validated
+    with ctx.sessions() as session, session.begin():  # as if its next rows were still being validated
+        session.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.VALIDATING))
+    assert tasks.dispatch_and_send(ctx, "inc-1", 3) == 0 and rounds == [(4, tasks.STREAM_WAIT_S)]
+    assert tasks.dispatch_and_send(ctx, "inc-1", 3) == 0 and len(rounds) == 1  # a second chain ends: one waits
+    time.sleep(tasks.STREAM_WAIT_S)
+    with ctx.sessions() as session, session.begin():
+        session.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.QUEUED))
+    assert tasks.dispatch_and_send(ctx, "inc-1", 4) == 0 and len(rounds) == 1
+
+
 def test_request_rows_written_by_copy_keep_their_custom_ids_exactly(ctx):
     """Validation writes a batch of rows with one COPY on PostgreSQL: tabs, newlines, backslashes, quotes and
     non-ASCII in a custom_id come back as they were sent."""

@@ -89,13 +89,25 @@ def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no:
         except LockError:  # held past its timeout: it has expired by itself
             pass
     log.info("dispatched %d units (round %s)", len(sent), round_no)
-    # a round that planned nothing stops (what it could not plan is left to the sweep): rounds always progress
-    if round_no is not None and sent and more_pending(ctx):
-        if still_validating(ctx):
-            next_round(round_no + 1, stream_round_gap(time.monotonic() - began))
+    if round_no is not None:
+        _chain(ctx, round_no, bool(sent), time.monotonic() - began)
+    return len(sent)
+
+
+def _chain(ctx: AppContext, round_no: int, sent: bool, round_s: float) -> None:
+    """Queue the next round, if any. A round that planned nothing ends the chain (what it could not plan is left
+    to the sweep: rounds always progress), except while a file is still validated: then the units kept up with
+    its validation, and the chain waits for its next rows (without this, a file whose units kept up got no
+    dispatch until its queue move). Only one chain waits at a time, however many files are validated (each
+    file's first rows start one)."""
+    validating = still_validating(ctx)
+    if sent and more_pending(ctx):
+        if validating:
+            next_round(round_no + 1, stream_round_gap(round_s))
         else:
             next_round(round_no + 1)
-    return len(sent)
+    elif validating and open_registry(ctx.settings).due("stream-round-wait", STREAM_WAIT_S * 0.9):
+        next_round(round_no + 1, STREAM_WAIT_S)
 
 
 # a file still validated keeps a round chain going; a solo worker takes the shared queue's next round before the
@@ -106,6 +118,7 @@ STREAM_ROUND_GAP_S = 2.0
 # 33 s of a 39 s validation in rounds and ran 15 units between them). The queue move plans what the rounds left.
 STREAM_ROUND_SHARE = 3.0
 STREAM_ROUND_GAP_MAX_S = 30.0  # a long file still streams: its rounds keep coming while it validates
+STREAM_WAIT_S = 2.0  # a chain that found nothing to send looks again this much later while a file is validated
 
 
 def stream_round_gap(round_s: float) -> float:
