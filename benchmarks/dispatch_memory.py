@@ -26,7 +26,7 @@ def prepared_lines(n: int, seed: int = 7) -> list[bytes]:
     systems = [[rng.randrange(300, 49152) for _ in range(45)] for _ in range(4)]
     return [PreparedRequest(i, i + 1, f"j0-r{i}", "/v1/chat/completions", "m",
                             systems[i % 4] + [rng.randrange(300, 49152) for _ in range(rng.randrange(560, 640))],
-                            SamplingParams(max_tokens=1, temperature=0)).to_json().encode() for i in range(n)]
+                            SamplingParams(max_tokens=1, temperature=0)).to_json() for i in range(n)]
 
 
 def main(n: int) -> None:

@@ -93,7 +93,7 @@ def _record(index: int, tokens: int) -> PreparedRequest:
 
 
 def test_a_compact_record_writes_the_same_unit_input_and_shares_its_ids():
-    raw = _record(3, 500).to_json().encode()
+    raw = _record(3, 500).to_json()
     compact = _parse(raw)
     assert isinstance(compact.prompt_token_ids, array)
     assert UnitRequest("j", compact, "s").to_json() == UnitRequest("j", PreparedRequest.from_json(raw), "s").to_json()
@@ -101,7 +101,7 @@ def test_a_compact_record_writes_the_same_unit_input_and_shares_its_ids():
 
 
 def test_a_round_keeps_about_four_bytes_a_token():
-    lines = [_record(i, 2000).to_json().encode() for i in range(100)]
+    lines = [_record(i, 2000).to_json() for i in range(100)]
     tracemalloc.start()
     try:
         kept = [_parse(raw) for raw in lines]
@@ -109,3 +109,17 @@ def test_a_round_keeps_about_four_bytes_a_token():
     finally:
         tracemalloc.stop()
     assert len(kept) == 100 and held < 100 * 2000 * 6  # a list of ints held ~36 bytes a token
+
+
+@pytest.mark.parametrize("seed, echo", [(7, None), (2 ** 70, {"metadata": {"big": 2 ** 80}})])
+def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
+    """Records are written with orjson, and with json where orjson refuses (an int past 64 bits): every field comes
+    back, the logit bias's int keys included, and the line is one line of compact UTF-8 JSON."""
+    sampling = SamplingParams(max_tokens=3, temperature=0.7, seed=seed, stop=("é\n", "\\"), logit_bias={42: -1.5},
+                              stop_token_ids=(2,), guided=("json", '{"type": "object"}'))
+    req = PreparedRequest(5, 6, "ünï\t✓", "/v1/chat/completions", "m", [1, 2, 3], sampling, echo)
+    raw = UnitRequest("job", req, "salt").to_json()
+    assert b"\n" not in raw and b", " not in raw
+    back = UnitRequest.from_json(raw)
+    assert (back.job_id, back.cache_salt, back.request) == ("job", "salt", req)
+    assert PreparedRequest.from_json(req.to_json()) == req

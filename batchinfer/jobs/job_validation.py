@@ -183,7 +183,7 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
         rows = _Rows(ctx, job.id, token, model, on_rows if ctx.settings.stream_dispatch else None)
 
         def on_valid(req: PreparedRequest) -> None:
-            line = req.to_json().encode() + b"\n"
+            line = req.to_json() + b"\n"
             prepared.write(line)
             rows.add(req, line)
 
