@@ -123,3 +123,12 @@ def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
     back = UnitRequest.from_json(raw)
     assert (back.job_id, back.cache_salt, back.request) == ("job", "salt", req)
     assert PreparedRequest.from_json(req.to_json()) == req
+
+
+def test_a_unit_result_reads_back_what_json_wrote_nan_and_infinity_included():
+    from batchinfer.jobs.output.records import UnitResult
+
+    result = UnitResult("j", 1, 2, True, {"logprob": float("-inf"), "text": "é\n", "n": 2 ** 70}, 3, 4, 5)
+    assert UnitResult.from_json(result.to_json()) == result
+    plain = UnitResult("j", 1, 2, False, {"error": {"message": "ünï"}})
+    assert UnitResult.from_json(plain.to_json()) == plain

@@ -29,7 +29,7 @@ def dumps(entry: dict[str, Any]) -> bytes:
 def loads(raw: str | bytes) -> Any:
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:  # what json.dumps wrote for dumps: an int past 64 bits
+    except orjson.JSONDecodeError:  # what json.dumps wrote: an int past 64 bits, NaN or Infinity
         return json.loads(raw)
 
 
@@ -144,4 +144,4 @@ class UnitResult:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> UnitResult:
-        return cls(**json.loads(raw))
+        return cls(**loads(raw))  # written by json (NaN, -Infinity logprobs kept as such): orjson reads the rest
