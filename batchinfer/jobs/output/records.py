@@ -33,7 +33,6 @@ def loads(raw: str | bytes) -> Any:
         return json.loads(raw)
 
 
-
 def work_tokens(prompt: T, completion: T, cached: T) -> T:
     """Tokens a run computed: uncached prompt plus completion. Works on ints and on SQL column expressions."""
     return prompt - cached + completion  # type: ignore[operator]
