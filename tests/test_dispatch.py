@@ -94,3 +94,14 @@ def test_a_deep_backlog_is_cut_into_bigger_units_spread_over_every_worker(make_c
     submit_lines(ctx, lines)
     two_workers = dispatch(ctx, ["w1", "w2"])  # 1.5 base units each: the base size
     assert {u.num_requests for u in two_workers} == {2}
+
+
+def test_a_file_still_validated_is_sized_by_the_rows_it_has_so_far():
+    """A streamed round sees only what the last rounds left pending; the file's rows so far (its highest pending
+    index + 1, each file) are what its units are sized by, so a long file's units grow from its first rounds."""
+    from batchinfer.planner import PendingRequest
+    from batchinfer.runtime.dispatch import _backlog
+
+    members = [PendingRequest("a", i, (1,), 1) for i in (900, 950)] + [PendingRequest("b", 10, (1,), 1)]
+    assert _backlog(members, growing=False) == 3
+    assert _backlog(members, growing=True) == 951 + 11

@@ -110,13 +110,13 @@ def _chain(ctx: AppContext, round_no: int, sent: bool, round_s: float) -> None:
         next_round(round_no + 1, STREAM_WAIT_S)
 
 
-# a file still validated keeps a round chain going; a solo worker takes the shared queue's next round before the
-# units just sent (measured: 13 rounds back to back, one unit between them), so a round waits at least this long
-STREAM_ROUND_GAP_S = 2.0
-# and STREAM_ROUND_SHARE times its own length: a streamed round plans all that is pending and reads again every part
-# holding a pending row, so it grows with the file (0.7 -> 9 s at 50,000; with the 2 s gap alone a solo worker spent
-# 33 s of a 39 s validation in rounds and ran 15 units between them). The queue move plans what the rounds left.
-STREAM_ROUND_SHARE = 3.0
+# a file still validated keeps a round chain going, each round this long after the last (rounds back to back, with
+# no gap, left a solo worker one unit between them) or STREAM_ROUND_SHARE times the round's own length if longer.
+# Short since rounds cut units by the rows their file has so far (dispatch._backlog): 2 s / 3x (when they cut them by
+# what was pending) left a worker 4 s without units at 50,000 requests; 0.5 s / 0.5x: 28-32 -> 22 s end to end,
+# and the 200 MB file no slower (docs/benchmarks.md, "An AVX-512 EPYC (Zen 4): the job system").
+STREAM_ROUND_GAP_S = 0.5
+STREAM_ROUND_SHARE = 0.5
 STREAM_ROUND_GAP_MAX_S = 30.0  # a long file still streams: its rounds keep coming while it validates
 STREAM_WAIT_S = 2.0  # a chain that found nothing to send looks again this much later while a file is validated
 

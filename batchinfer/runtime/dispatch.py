@@ -91,7 +91,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     plans, queues, models = [], [], []
     config = config or planner_config(ctx)
     for (model, growing), members in _by_model(requests, jobs).items():  # a unit never mixes models
-        sized = sized_for(config, len(members), _workers_of(model, live_workers or [], worker_loads))
+        sized = sized_for(config, _backlog(members, growing), _workers_of(model, live_workers or [], worker_loads))
         model_plans = plan_units(members, sized)
         if growing:  # a group of a file still validated may grow: only units it cannot grow wait no longer
             model_plans = [p for p in model_plans if _full(p, sized)]
@@ -134,6 +134,18 @@ def _full(plan: UnitPlan, config: PlannerConfig) -> bool:
     """Big enough to send before its job's file ends: the part units a group's last rows would fill wait."""
     return (len(plan.requests) >= config.max_requests_per_unit * STREAM_UNIT_FILL
             or plan.cost >= config.max_tokens_per_unit * STREAM_UNIT_FILL)
+
+
+def _backlog(members: list[PendingRequest], growing: bool) -> int:
+    """What a group's units are sized by: its pending rows; for files still validated, the rows each has so far
+    (its highest pending index + 1): a round of a file that is still growing sees only what the last rounds left,
+    and cutting it into base-size units made 1.7x as many units of a 200 MB file (each one's fixed cost paid)."""
+    if not growing:
+        return len(members)
+    highest: dict[str, int] = {}
+    for req in members:
+        highest[req.job_id] = max(highest.get(req.job_id, -1), req.index)
+    return max(len(members), sum(i + 1 for i in highest.values()))
 
 
 def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[tuple[str, bool], list[PendingRequest]]:
