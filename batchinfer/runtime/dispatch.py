@@ -145,7 +145,7 @@ def _backlog(members: list[PendingRequest], growing: bool) -> int:
     highest: dict[str, int] = {}
     for req in members:
         highest[req.job_id] = max(highest.get(req.job_id, -1), req.index)
-    return max(len(members), sum(i + 1 for i in highest.values()))
+    return sum(i + 1 for i in highest.values())  # a job's pending rows are at most its highest index + 1
 
 
 def _by_model(requests: list[PendingRequest], jobs: dict[str, Job]) -> dict[tuple[str, bool], list[PendingRequest]]:
