@@ -125,10 +125,21 @@ def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
     assert PreparedRequest.from_json(req.to_json()) == req
 
 
-def test_a_unit_result_reads_back_what_json_wrote_nan_and_infinity_included():
-    from batchinfer.jobs.output.records import UnitResult
+def test_a_results_line_carries_the_output_line_as_the_job_file_gets_it():
+    import json
 
-    result = UnitResult("j", 1, 2, True, {"logprob": float("-inf"), "text": "é\n", "n": 2 ** 70}, 3, 4, 5)
-    assert UnitResult.from_json(result.to_json()) == result
-    plain = UnitResult("j", 1, 2, False, {"error": {"message": "ünï"}})
-    assert UnitResult.from_json(plain.to_json()) == plain
+    from batchinfer.jobs.output import formats
+    from batchinfer.jobs.output.records import ResultLine, UnitResult
+
+    record = {"logprob": float("-inf"), "text": "é\n 1 2", "n": 2 ** 70}
+    raw = UnitResult("batch_j", 1, 2, True, record, 3, 4, 5).to_line()
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+    back = ResultLine.parse(raw)
+    assert (back.job_id, back.index, back.line, back.ok) == ("batch_j", 1, 2, True)
+    assert back.output == formats.dumps(record) and b"-Infinity" in back.output
+    failed = ResultLine.parse(UnitResult("batch_j", 7, 9, False, {"error": {"message": "ünï"}}).to_line())
+    assert (failed.index, failed.line, failed.ok) == (7, 9, False) and "ünï".encode() in failed.output
+    # a results file written before this format (a JSON line) still assembles to the same output line
+    old = json.dumps({"job_id": "batch_j", "index": 1, "line": 2, "ok": True, "record": record, "prompt_tokens": 3,
+                      "completion_tokens": 4, "cached_tokens": 5}, separators=(",", ":")).encode() + b"\n"
+    assert ResultLine.parse(old) == back

@@ -84,7 +84,7 @@ def _write_results(ctx: AppContext, unit_id: str, attempt: int, records: Records
     result_key = storage_keys.unit_results(unit_id, attempt)
     with ctx.storage.open_write(result_key) as out:
         for key in sorted(records):
-            out.write(records[key].to_json() + b"\n")
+            out.write(records[key].to_line())
     return result_key
 
 

@@ -1,67 +1,70 @@
 """Build a job's output and error files from its units' results: a streaming k-way merge in input order.
 
-The units' result files are fetched first, several at once, into local files holding only this job's committed
-lines (`line ok record`), so the merge reads local disk, each file once; output and errors come out of one pass.
+The units' result files are copied first, several at once, to local files, as they are (no line parsed: a results
+line carries its output line ready, records.UnitResult), so the merge reads local disk, each file once, keeping
+only this job's committed lines; output and errors come out of one pass.
 """
 from __future__ import annotations
 
 import heapq
 import json
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 from sqlalchemy import select
 
 from batchinfer.jobs.output import formats
 from batchinfer.jobs import storage_keys
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
-from batchinfer.jobs.output.records import UnitResult
+from batchinfer.jobs.output.records import ResultLine
 from batchinfer.storage import Storage
 
 _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request finished"),
                      RequestStatus.EXPIRED: ("batch_expired", "the batch's completion window passed before this request finished")}
 FETCHERS = 8  # result files fetched at once: each is mostly a round trip
 MAX_OPEN = 256  # local files merged at once; more are merged in rounds (open files stay bounded)
+COPY_BYTES = 1 << 20
 Record = tuple[int, bool, bytes]  # (input line, ok, output or error line)
 
 
-def _fetch(storage: Storage, result_key: str, job_id: str, uncounted: frozenset[int], target: Path) -> Path:
-    """This job's lines of one unit's result file (sorted by job, then index), except the requests the unit
-    did not commit (a request cancelled while the unit ran is in the file but not counted)."""
+def _fetch(storage: Storage, result_key: str, target: Path) -> Path:
     with storage.open_read(result_key) as stream, open(target, "wb") as out:
-        for raw in stream:
-            entry = UnitResult.from_json(raw)
-            if entry.job_id == job_id and entry.index not in uncounted:
-                _write(out, (entry.line, entry.ok, formats.dumps(entry.record)))
+        shutil.copyfileobj(stream, out, COPY_BYTES)
     return target
 
 
-def _write(out: BinaryIO, record: Record) -> None:
-    out.write(b"%d %d " % (record[0], record[1]) + record[2])
-
-
-def _local_records(path: Path) -> Iterator[Record]:
+def _job_lines(path: Path, job_id: str, uncounted: frozenset[int]) -> Iterator[tuple[int, bool, bytes, bytes]]:
+    """(input line, ok, output line, raw results line) of this job's lines of a local results file (sorted by job, then index),
+    except the requests the unit did not commit (a request cancelled while the unit ran is in the file but not
+    counted). A unit may hold several jobs' requests."""
     with open(path, "rb") as stream:
         for raw in stream:
-            line, ok, rest = raw.split(b" ", 2)
-            yield int(line), ok == b"1", rest
+            entry = ResultLine.parse(raw)
+            if entry.job_id == job_id and entry.index not in uncounted:
+                yield entry.line, entry.ok, entry.output, raw
 
 
-def _merged_down(paths: list[Path], folder: Path) -> list[Path]:
-    """At most MAX_OPEN files: groups merged into one file each, in rounds."""
-    while len(paths) > MAX_OPEN:
+def _merged_down(paths: list[Path], folder: Path, job_id: str, uncounted: frozenset[int]) -> list[Iterator]:
+    """At most MAX_OPEN files open at once: groups merged into one file each (this job's lines, raw), in rounds."""
+    sources = [_job_lines(path, job_id, uncounted) for path in paths]
+    while len(sources) > MAX_OPEN:
         merged = []
-        for start in range(0, len(paths), MAX_OPEN):
-            target = folder / f"merged-{len(paths)}-{start}"
+        for start in range(0, len(sources), MAX_OPEN):
+            target = folder / f"merged-{len(sources)}-{start}"
             with open(target, "wb") as out:
-                for record in heapq.merge(*map(_local_records, paths[start:start + MAX_OPEN]), key=lambda r: r[0]):
-                    _write(out, record)
-            merged.append(target)
-        paths = merged
-    return paths
+                out.writelines(r[3] for r in heapq.merge(*sources[start:start + MAX_OPEN], key=lambda r: r[0]))
+            merged.append(_job_lines(target, job_id, uncounted))
+        sources = merged
+    return sources
+
+
+def _result_records(sources: list[Iterator]) -> Iterator[Record]:
+    for line, ok, output, _ in heapq.merge(*sources, key=lambda r: r[0]):
+        yield line, ok, output
 
 
 def _invalid_records(storage: Storage, job_id: str) -> Iterator[Record]:
@@ -101,9 +104,9 @@ def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
     with tempfile.TemporaryDirectory(prefix="assemble-") as local:
         folder = Path(local)
         with ThreadPoolExecutor(FETCHERS, thread_name_prefix="assemble") as fetchers:
-            paths = list(fetchers.map(lambda n_key: _fetch(storage, n_key[1], job_id, uncounted, folder / f"unit-{n_key[0]}"),
+            paths = list(fetchers.map(lambda n_key: _fetch(storage, n_key[1], folder / f"unit-{n_key[0]}"),
                                       enumerate(keys)))
-        sources = [*map(_local_records, _merged_down(paths, folder)), _invalid_records(storage, job_id),
+        sources = [_result_records(_merged_down(paths, folder, job_id, uncounted)), _invalid_records(storage, job_id),
                    _unfinished_records(session, job_id)]
         with storage.open_write(output_key) as out, ExitStack() as lazy:
             errors = None

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 
 from batchinfer.jobs.input.input_line import CHAT_URL
 from batchinfer.jobs.input.embeddings_line import embeddings_body
 from batchinfer.jobs.input.responses_line import RESPONSES_URL, response_body
 from batchinfer.jobs.output.logprob_shapes import chat_logprobs, completion_logprobs
+from batchinfer.jobs.output.records import output_line_bytes
 
 
 def request_id(job_id: str, index: int) -> str:
@@ -76,5 +76,4 @@ def error_line(job_id: str, index: int | None, custom_id: str | None, code: str,
             "error": {"code": code, "message": message, "line": line, "param": param}, "metrics": None}
 
 
-def dumps(record: dict) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+dumps = output_line_bytes
