@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     max_errors_kept: int = 1000  # validation errors stored on the job; the count is always exact
     default_max_tokens: int = 256
     max_requests_per_unit: int = 64
-    unit_growth: int = 4  # a deep backlog's units hold up to this many times more (planner/unit_size.py); 1: never
+    unit_growth: int = 8  # a deep backlog's units hold up to this many times more (planner/unit_size.py); 1: never
     max_tokens_per_unit: int = 65536
     completion_window: str = "24h"
     max_completion_window: str = "30d"  # the longest completion_window a batch may ask for

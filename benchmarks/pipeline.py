@@ -35,7 +35,7 @@ class PipelineOptions:
     keep: bool = False
     stream: bool = True  # BATCHINFER_STREAM_DISPATCH (the default): units start while the file is still validated
     unit_requests: int = 64  # BATCHINFER_MAX_REQUESTS_PER_UNIT: each unit pays ~2 transactions and 2 S3 calls
-    unit_growth: int = 4  # BATCHINFER_UNIT_GROWTH (the default): a deep backlog's units hold up to this many times more
+    unit_growth: int = 8  # BATCHINFER_UNIT_GROWTH (the default): a deep backlog's units hold up to this many times more
     line_bytes: int = 0  # > 0: each line padded to about this size (4000 x 50,000 lines: OpenAI's 200 MB file)
 
     def __post_init__(self):

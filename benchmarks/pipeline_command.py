@@ -28,7 +28,7 @@ def bench_pipeline_command(
                                               "start while the file is still validated; --no-stream: after it")] = True,
     unit_requests: Annotated[int, typer.Option(help="requests a unit holds at most (BATCHINFER_MAX_REQUESTS_PER_UNIT)")] = 64,
     unit_growth: Annotated[int, typer.Option(help="a deep backlog's units hold up to this many times more "
-                                                  "(BATCHINFER_UNIT_GROWTH; 1: never)")] = 4,
+                                                  "(BATCHINFER_UNIT_GROWTH; 1: never)")] = 8,
     line_bytes: Annotated[int, typer.Option(help="pad each line to about this many bytes (0: short lines; 4000 x "
                                                  "50,000 requests is a 200 MB file)", min=0)] = 0,
 ) -> None:
