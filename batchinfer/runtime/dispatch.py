@@ -26,6 +26,7 @@ from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
 from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
 from batchinfer.jobs.state import units
+from batchinfer.runtime.unit_inputs import unit_inputs
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,17 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
 
 
 def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int, str]]) -> list[DispatchedUnit]:
-    return [u for u in (_persist_unit(session, *e) for e in batch) if u]
+    held = units.plan_units(session, [(unit_id, plan, queue, model) for unit_id, plan, queue, _, model in batch])
+    return [DispatchedUnit(unit_id, queue, held[unit_id], level) for unit_id, _, queue, level, _ in batch if unit_id in held]
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
+    """Stored, then kept in memory too: when this process runs the unit, it reads no file (unit_inputs)."""
+    requests = [UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope) for req in plan.requests]
     with ctx.storage.open_write(storage_keys.unit_input(unit_id)) as out:
-        for req in plan.requests:
-            out.write(UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope).to_json() + b"\n")
+        for entry in requests:
+            out.write(entry.to_json() + b"\n")
+    unit_inputs(ctx.storage).put(unit_id, requests)
 
 
 def dispatched_states(ctx: AppContext) -> tuple[str, ...]:
@@ -257,11 +262,6 @@ def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, i
             if req.index in indices:
                 found[job_id, req.index] = req.compact()
     return found
-
-
-def _persist_unit(session, unit_id: str, plan: UnitPlan, queue: str, level: int, model: str) -> DispatchedUnit | None:
-    claimed = units.plan_unit(session, unit_id, plan, queue, model)
-    return DispatchedUnit(unit_id, queue, claimed, level) if claimed else None
 
 
 def more_pending(ctx: AppContext) -> bool:

@@ -19,6 +19,7 @@ from batchinfer.jobs.state import ending, units
 from batchinfer.runtime import embedding_parts, outage
 from batchinfer.runtime.generator import Generator
 from batchinfer.runtime.progress import UnitWatch
+from batchinfer.runtime.unit_inputs import unit_inputs
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
 
 
 def _load_requests(ctx: AppContext, unit_id: str, to_run: AbstractSet[tuple[str, int]]) -> list[UnitRequest]:
+    kept = unit_inputs(ctx.storage).take(unit_id)  # dispatched by this process: no GET, no parse
+    if kept is not None:
+        return [entry for entry in kept if entry.key in to_run]
     wanted = []
     with ctx.storage.open_read(storage_keys.unit_input(unit_id)) as stream:
         for raw in stream:

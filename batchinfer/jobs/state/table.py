@@ -84,8 +84,11 @@ def statement(t: Transition, *where, **values):
             .execution_options(synchronize_session=False))
 
 
+_TEXT_COLUMNS = {"unit_id"}  # per-row columns that are not integers
+
+
 def move_each(session, t: Transition, rows: list[tuple], per_row: tuple[str, ...] = (), **values) -> int:
-    """`t` on each request of `rows` ((job id, index, *one int per name in per_row)), setting those columns
+    """`t` on each request of `rows` ((job id, index, *one value per name in per_row)), setting those columns
     per row and `values` on all; returns how many moved. PostgreSQL: one UPDATE ... FROM unnest(arrays), the
     same statement text whatever the count (prepared once; an executemany costs a statement a row);
     elsewhere (SQLite) an executemany, whose count is not reliable on every driver: -1."""
@@ -107,7 +110,8 @@ def move_each(session, t: Transition, rows: list[tuple], per_row: tuple[str, ...
 
 def _unnest_update(t: Transition, per_row: tuple[str, ...], fixed: tuple[str, ...]):
     sets = ", ".join(["status = :_next", *(f"{n} = given.{n}" for n in per_row), *(f"{n} = :_v_{n}" for n in fixed)])
-    arrays = ", ".join(["CAST(:_j AS varchar[])", "CAST(:_i AS integer[])", *(f"CAST(:_{n} AS integer[])" for n in per_row)])
+    arrays = ", ".join(["CAST(:_j AS varchar[])", "CAST(:_i AS integer[])",
+                        *(f"CAST(:_{n} AS {'varchar' if n in _TEXT_COLUMNS else 'integer'}[])" for n in per_row)])
     names = ", ".join(["j", "i", *per_row])
     # the ANY terms repeat the join: they give the planner the primary key's index on requests whatever the
     # statistics say (stale ones, from before a job's rows moved, made it scan the table once per statement)

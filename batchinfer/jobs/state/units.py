@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy import and_, delete, exists, func, or_, select, text, update
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
@@ -40,9 +40,50 @@ class CommittedUnit:
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (a cancelled one's too)
 
 
+PlannedUnit = tuple[str, UnitPlan, str, "str | None"]  # (unit id, plan, queue, model)
+
+
+def plan_units(session, batch: list[PlannedUnit]) -> dict[str, int]:
+    """Claim each plan's requests that are still pending in a runnable job (rows another dispatcher or a cancel
+    holds are skipped) and record a unit over them; returns how many each unit holds (units that claimed none are
+    not recorded). PostgreSQL: the whole batch in three statements (the units' INSERT, one SELECT FOR UPDATE SKIP
+    LOCKED on arrays, one UPDATE): a unit each, with expanded IN lists, cost 40 us a request of the dispatch.
+    Two statements, not one UPDATE over a locking subquery: planned on fresh statistics, that one became a nested
+    loop running the subquery once a row (15 s for 4,000 rows)."""
+    if session.get_bind().dialect.name != "postgresql":
+        held = {unit_id: plan_unit(session, unit_id, plan, queue, model) for unit_id, plan, queue, model in batch}
+        return {unit_id: n for unit_id, n in held.items() if n}
+    now = time.time()
+    session.add_all([WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key,
+                              model=model, shared_prefix_len=plan.shared_prefix_len, num_requests=len(plan.requests),
+                              input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now)
+                     for unit_id, plan, queue, model in batch])
+    session.flush()
+    wanted = {(r.job_id, r.index): (unit_id, pos) for unit_id, plan, _, _ in batch for pos, r in enumerate(plan.requests)}
+    claimable = session.execute(_CLAIMABLE, {"_jobs": sorted({j for j, _ in wanted}), "_i": sorted({i for _, i in wanted}),
+                                              "_pending": list(T.PLAN_REQUEST.current_states),
+                                              "_runnable": list(T.UNIT_JOB_STATES)})
+    claimed = sorted((j, i, *wanted[j, i]) for j, i in claimable if (j, i) in wanted)
+    held = Counter(unit_id for _, _, unit_id, _ in claimed)
+    moved = T.move_each(session, T.PLAN_REQUEST, claimed, ("unit_id", "unit_pos"))
+    if moved != len(claimed):  # the rows it locked must all move: anything else rolls the batch back
+        raise ClaimMismatch(f"a dispatch batch claimed {len(claimed)} requests but moved {moved}")
+    for unit_id, plan, _, _ in batch:  # a request taken meanwhile (another dispatcher, a cancel): rare
+        if held[unit_id] != len(plan.requests):
+            session.execute(delete(WorkUnit).where(WorkUnit.id == unit_id) if not held[unit_id] else
+                            update(WorkUnit).where(WorkUnit.id == unit_id).values(num_requests=held[unit_id]))
+    return {unit_id: held[unit_id] for unit_id, _, _, _ in batch if held[unit_id]}
+
+
+# one bound array a column (an IN list binds a parameter a value); `OF requests`: the job rows stay unlocked
+_CLAIMABLE = text("SELECT requests.job_id, requests.index FROM requests JOIN jobs ON jobs.id = requests.job_id "
+                  "WHERE requests.job_id = ANY(CAST(:_jobs AS varchar[])) AND requests.index = ANY(CAST(:_i AS integer[])) "
+                  "AND requests.status = ANY(CAST(:_pending AS varchar[])) AND jobs.status = ANY(CAST(:_runnable AS varchar[])) "
+                  "FOR UPDATE OF requests SKIP LOCKED")
+
+
 def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
-    """Claim the plan's requests that are still pending in a runnable job (rows another dispatcher or a
-    cancel holds are skipped) and record the unit over them; returns how many it holds (0: no unit)."""
+    """One unit's claim (plan_units elsewhere than on PostgreSQL): the claimable rows first, then the move."""
     wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
     by_job: dict[str, list[int]] = defaultdict(list)
     for job_id, index in wanted:
