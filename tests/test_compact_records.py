@@ -111,7 +111,7 @@ def test_a_round_keeps_about_four_bytes_a_token():
     assert len(kept) == 100 and held < 100 * 2000 * 6  # a list of ints held ~36 bytes a token
 
 
-@pytest.mark.parametrize("seed, echo", [(7, None), (2 ** 70, {"metadata": {"big": 2 ** 80}})])
+@pytest.mark.parametrize("seed, echo", [(7, None), (2 ** 64 - 1, {"metadata": {"big": 2 ** 80 + 1}})])
 def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
     """Records are written with orjson, and with json where orjson refuses (an int past 64 bits): every field comes
     back, the logit bias's int keys included, and the line is one line of compact UTF-8 JSON."""
@@ -123,6 +123,8 @@ def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
     back = UnitRequest.from_json(raw)
     assert (back.job_id, back.cache_salt, back.request) == ("job", "salt", req)
     assert PreparedRequest.from_json(req.to_json()) == req
+    if echo:  # exact, not a float that compares equal
+        assert back.request.echo["metadata"]["big"] - 2 ** 80 == 1 and type(back.request.echo["metadata"]["big"]) is int
 
 
 def test_a_results_line_carries_the_output_line_as_the_job_file_gets_it():

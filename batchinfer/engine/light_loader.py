@@ -49,7 +49,9 @@ class LightTokenizer:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        # the same ids without each token's character offsets, which nothing here reads: twice as fast (tokenizers >= 0.21)
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
 
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

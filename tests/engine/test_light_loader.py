@@ -20,6 +20,10 @@ def test_light_tokenizer_gives_transformers_ids_on_every_test_prompt(loaded_mode
         assert light.encode(text, add_special_tokens=False) == ids
         assert light.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
     assert light.eos_token_id == hf.eos_token_id
+    # validation's batch call (encode_batch_fast: no offsets) gives each text's ids as transformers does
+    texts = [hf.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in chat_prompts + EXTRA]
+    for special in (False, True):
+        assert light.encode_batch(texts, add_special_tokens=special) == [hf.encode(t, add_special_tokens=special) for t in texts]
 
 
 def test_light_model_holds_the_same_weights_as_transformers(loaded_model):

@@ -22,14 +22,17 @@ def dumps(entry: dict[str, Any]) -> bytes:
     bits in a seed or in echoed metadata)."""
     try:
         return orjson.dumps(entry, option=orjson.OPT_NON_STR_KEYS)
-    except orjson.JSONEncodeError:
-        return json.dumps(entry, separators=(",", ":")).encode()
+    except orjson.JSONEncodeError:  # marked by a leading space (valid JSON): loads reads it back with json
+        return b" " + json.dumps(entry, separators=(",", ":")).encode()
 
 
 def loads(raw: str | bytes) -> Any:
+    """json for what dumps wrote with json (orjson reads an int past 64 bits as a float), and for NaN or Infinity."""
+    if raw[:1] in (" ", b" "):
+        return json.loads(raw)
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:  # what json.dumps wrote: an int past 64 bits, NaN or Infinity
+    except orjson.JSONDecodeError:
         return json.loads(raw)
 
 
