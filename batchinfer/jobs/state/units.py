@@ -48,16 +48,13 @@ def plan_units(session, batch: list[PlannedUnit]) -> dict[str, int]:
     holds are skipped) and record a unit over them; returns how many each unit holds (units that claimed none are
     not recorded). PostgreSQL: the whole batch in three statements (the units' INSERT, one SELECT FOR UPDATE SKIP
     LOCKED on arrays, one UPDATE): a unit each, with expanded IN lists, cost 40 us a request of the dispatch.
-    Two statements, not one UPDATE over a locking subquery: planned on fresh statistics, that one became a nested
-    loop running the subquery once a row (15 s for 4,000 rows)."""
+    The claim is the SELECT and the UPDATE, not one UPDATE over a locking subquery: planned on fresh statistics, that
+    one became a nested loop running the subquery once a row (15 s for 4,000 rows)."""
     if session.get_bind().dialect.name != "postgresql":
-        held = {unit_id: plan_unit(session, unit_id, plan, queue, model) for unit_id, plan, queue, model in batch}
+        held = {unit_id: _plan_unit(session, unit_id, plan, queue, model) for unit_id, plan, queue, model in batch}
         return {unit_id: n for unit_id, n in held.items() if n}
     now = time.time()
-    session.add_all([WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key,
-                              model=model, shared_prefix_len=plan.shared_prefix_len, num_requests=len(plan.requests),
-                              input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now)
-                     for unit_id, plan, queue, model in batch])
+    session.add_all([_new_unit(unit_id, plan, queue, model, len(plan.requests), now) for unit_id, plan, queue, model in batch])
     session.flush()
     wanted = {(r.job_id, r.index): (unit_id, pos) for unit_id, plan, _, _ in batch for pos, r in enumerate(plan.requests)}
     claimable = session.execute(_CLAIMABLE, {"_jobs": sorted({j for j, _ in wanted}), "_i": sorted({i for _, i in wanted}),
@@ -82,7 +79,13 @@ _CLAIMABLE = text("SELECT requests.job_id, requests.index FROM requests JOIN job
                   "FOR UPDATE OF requests SKIP LOCKED")
 
 
-def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
+def _new_unit(unit_id: str, plan: UnitPlan, queue: str, model: str | None, num_requests: int, now: float) -> WorkUnit:
+    return WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key, model=model,
+                    shared_prefix_len=plan.shared_prefix_len, num_requests=num_requests,
+                    input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now)
+
+
+def _plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
     """One unit's claim (plan_units elsewhere than on PostgreSQL): the claimable rows first, then the move."""
     wanted = {(r.job_id, r.index): pos for pos, r in enumerate(plan.requests)}
     by_job: dict[str, list[int]] = defaultdict(list)
@@ -96,10 +99,7 @@ def plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | No
     claimed = sorted(key for key in (tuple(row) for row in rows) if key in wanted)
     if not claimed:
         return 0
-    now = time.time()
-    session.add(WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key, model=model,
-                         shared_prefix_len=plan.shared_prefix_len, num_requests=len(claimed),
-                         input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now))
+    session.add(_new_unit(unit_id, plan, queue, model, len(claimed), time.time()))
     session.flush()
     held = T.move_each(session, T.PLAN_REQUEST, [(j, i, wanted[j, i]) for j, i in claimed], ("unit_pos",),
                        unit_id=unit_id)
