@@ -82,7 +82,9 @@ def test_counts_rise_in_status_and_the_api_while_one_unit_runs(stack, tmp_path):
     running = [b["request_counts"]["completed"] for b in seen_api if b["status"] == "in_progress"]
     rises = sum(1 for a, b in zip(running, running[1:]) if b > a)
     print(f"completed counts seen through the API while in progress: {running}")
-    assert rises >= 5 and 0 < running[-1] < N, running  # moved inside the unit, not only at its commit
+    # moved inside the unit, not only at its commit: some count strictly between. The last one read while in progress
+    # may be N: the live rows count every request before the unit stores its results and commits
+    assert rises >= 5 and any(0 < c < N for c in running), running
     assert all(b >= a for a, b in zip(running, running[1:])), running  # never counted twice, never back
     assert final["usage"]["output_tokens"] >= max(b["usage"]["output_tokens"] for b in seen_api)
 
