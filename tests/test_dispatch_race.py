@@ -74,6 +74,9 @@ def test_two_dispatchers_planning_the_same_snapshot_put_each_request_in_exactly_
         return found
 
     monkeypatch.setattr(dispatch_module, "_load_prepared", same_snapshot)
+    # claims of 2 units at a time: ~24 claim rounds each, so both dispatchers win some (with the default 16 a batch,
+    # three near-tied rounds over the same rows, one could win them all and the other plan nothing, correctly)
+    monkeypatch.setattr(dispatch_module, "UNITS_PER_COMMIT", 2)
     with ThreadPoolExecutor(2) as pool:
         first, second = pool.map(lambda _: dispatch(ctx, [], UNIT), range(2))
     assert first and second and sum(u.num_requests for u in first + second) == n
