@@ -8,6 +8,9 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from batchinfer.engine.options import (ACTIVATION_FORMATS, DEFAULT_MAX_TOKENS, ENGINES, POOLINGS, SETTING_DTYPES,
+                                       WEIGHT_FORMATS, one_of)
+
 MODEL_ID = "smollm2-135m-instruct"
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # an organization (cache scope) name, in full
@@ -53,6 +56,12 @@ def _scan_duration(text: str) -> float:
     return float(number) * _UNIT_SECONDS[unit]
 
 
+def _one_of(value: str, allowed: tuple[str, ...], setting: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{setting} must be {one_of(allowed)}, got {value!r}")
+    return value
+
+
 class Settings(BaseSettings):
     """Data lives in ~/.batchinfer by default so every command finds the same jobs from any directory."""
 
@@ -84,11 +93,13 @@ class Settings(BaseSettings):
     prefix_grouping: bool = True  # False: the planner cuts units first come, first served
     engine: str = "batchinfer"  # "batchinfer" (LLMEngine), "hf" (plain transformers, the reference) or
     # "null" (no model: one token per request at once, to benchmark the job system; only when named)
+    # `run` and `worker` load the model in a second process forked at start (runtime/engine_process.py); False: one process
+    engine_process: bool = True
     max_requests_per_file: int = 50_000
     max_line_bytes: int = 1_000_000
     max_file_bytes: int = 200 * 1024 * 1024
     max_errors_kept: int = 1000  # validation errors stored on the job; the count is always exact
-    default_max_tokens: int = 256
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
     max_requests_per_unit: int = 64
     unit_growth: int = 8  # a deep backlog's units hold up to this many times more (planner/unit_size.py); 1: never
     max_tokens_per_unit: int = 65536
@@ -151,9 +162,7 @@ class Settings(BaseSettings):
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, value: str) -> str:
-        if value not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"BATCHINFER_DTYPE must be 'auto', 'float32' or 'bfloat16', got {value!r}")
-        return value
+        return _one_of(value, SETTING_DTYPES, "BATCHINFER_DTYPE")
 
     @field_validator("model_id")
     @classmethod
@@ -172,30 +181,22 @@ class Settings(BaseSettings):
     @field_validator("weight_format")
     @classmethod
     def _weight_format(cls, value: str) -> str:
-        if value not in ("auto", "dense", "gguf", "q8_0"):
-            raise ValueError(f"BATCHINFER_WEIGHT_FORMAT must be 'auto', 'dense', 'gguf' or 'q8_0', got {value!r}")
-        return value
+        return _one_of(value, WEIGHT_FORMATS, "BATCHINFER_WEIGHT_FORMAT")
 
     @field_validator("activation_format")
     @classmethod
     def _activation_format(cls, value: str) -> str:
-        if value not in ("float32", "int8"):
-            raise ValueError(f"BATCHINFER_ACTIVATION_FORMAT must be 'float32' or 'int8', got {value!r}")
-        return value
+        return _one_of(value, ACTIVATION_FORMATS, "BATCHINFER_ACTIVATION_FORMAT")
 
     @field_validator("embedding_pooling")
     @classmethod
     def _pooling(cls, value: str) -> str:
-        if value not in ("auto", "last", "mean"):
-            raise ValueError(f"BATCHINFER_EMBEDDING_POOLING must be 'auto', 'last' or 'mean', got {value!r}")
-        return value
+        return _one_of(value, POOLINGS, "BATCHINFER_EMBEDDING_POOLING")
 
     @field_validator("engine")
     @classmethod
     def _engine(cls, value: str) -> str:
-        if value not in ("batchinfer", "hf", "null"):
-            raise ValueError(f"BATCHINFER_ENGINE must be 'batchinfer', 'hf' or 'null', got {value!r}")
-        return value
+        return _one_of(value, ENGINES, "BATCHINFER_ENGINE")
 
     @field_validator("completion_window", "max_completion_window")
     @classmethod
@@ -258,6 +259,18 @@ class Settings(BaseSettings):
         return self.unit_time_limit_s * 2
 
 
+_command_line: dict[str, object] = {}  # what this command's options set (set_command_line)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    """This process's settings: the BATCHINFER_* environment, and over it what the command line set."""
+    return Settings(**_command_line)  # type: ignore[arg-type]
+
+
+def set_command_line(**values: object) -> Settings:
+    """A command's options (`--dtype`, `--model`) win over the environment for everything this process reads
+    from then on (a worker's tasks included): passed here, never through os.environ."""
+    _command_line.update(values)
+    get_settings.cache_clear()
+    return get_settings()

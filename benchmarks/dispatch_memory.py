@@ -13,9 +13,8 @@ import sys
 import time
 import tracemalloc
 
-import batchinfer.runtime.dispatch as dispatch
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.output.records import PreparedRequest
+from batchinfer.jobs.records import PreparedRequest
 from batchinfer.planner import PlannerConfig, plan_units
 
 MIB = 2**20
@@ -24,7 +23,7 @@ MIB = 2**20
 def prepared_lines(n: int, seed: int = 7) -> list[bytes]:
     rng = random.Random(seed)
     systems = [[rng.randrange(300, 49152) for _ in range(45)] for _ in range(4)]
-    return [PreparedRequest(i, i + 1, f"j0-r{i}", "/v1/chat/completions", "m",
+    return [PreparedRequest(i, "/v1/chat/completions", "m",
                             systems[i % 4] + [rng.randrange(300, 49152) for _ in range(rng.randrange(560, 640))],
                             SamplingParams(max_tokens=1, temperature=0)).to_json() for i in range(n)]
 
@@ -32,7 +31,10 @@ def prepared_lines(n: int, seed: int = 7) -> list[bytes]:
 def main(n: int) -> None:
     lines = prepared_lines(n)
     gc.collect()
-    parse = getattr(dispatch, "_parse", PreparedRequest.from_json)  # a tree from before compact records has none
+
+    def parse(raw: bytes) -> PreparedRequest:
+        return PreparedRequest.from_json(raw).compact()
+
     tracemalloc.start()
     cpu = time.process_time()
     prepared = {("j", k): parse(raw) for k, raw in enumerate(lines)}

@@ -243,19 +243,16 @@ def _wait_done(ctx, job_ids: list[str], deadline: float, progress, mode: str) ->
 def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingBenchOptions) -> ModeResult:
     from sqlalchemy import select
 
-    from batchinfer.jobs import service, storage_keys
+    from batchinfer.jobs import record_store, service
     from batchinfer.db.models import WorkUnit
     from batchinfer.planner import estimate_plan
     from batchinfer.runtime.dispatch import planner_config
-    from batchinfer.jobs.input.validation import PreparedRequest
 
     jobs = [service.get(ctx, j) for j in job_ids]
     pending = []
     for job in jobs:
-        with ctx.storage.open_read(storage_keys.job_prepared(job.id)) as stream:
-            for raw in stream:
-                req = PreparedRequest.from_json(raw)
-                pending.append(req.to_pending(job.id, scope=job.cache_scope))
+        prepared = record_store.read_prepared(ctx.storage, job.id)
+        pending += [prepared[i].to_pending(job.id, scope=job.cache_scope) for i in sorted(prepared)]
     optimum = estimate_plan(pending, planner_config(ctx)).expected_cached_tokens
     one_scope = estimate_plan([replace(r, scope="") for r in pending],
                               planner_config(ctx)).expected_cached_tokens

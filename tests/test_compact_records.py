@@ -10,10 +10,9 @@ from array import array
 import pytest
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
+from batchinfer.jobs.records import PreparedRequest, UnitRequest, dumps
 from batchinfer.planner import PendingRequest, PlannerConfig, plan_units, prefix_key
 from batchinfer.planner.prefix_tree import PrefixTree
-from batchinfer.runtime.dispatch import _parse
 
 pytestmark = pytest.mark.fast
 
@@ -87,14 +86,14 @@ def test_a_routing_key_does_not_depend_on_how_the_ids_are_kept():
 
 def _record(index: int, tokens: int) -> PreparedRequest:
     rng = random.Random(index)
-    return PreparedRequest(index, index + 1, f"r{index}", "/v1/chat/completions", "m",
+    return PreparedRequest(index, "/v1/chat/completions", "m",
                            [rng.randrange(300, 50000) for _ in range(tokens)],
                            SamplingParams(max_tokens=3, stop=("x",), logit_bias={5: 1.0}), {"metadata": {"a": 1}})
 
 
 def test_a_compact_record_writes_the_same_unit_input_and_shares_its_ids():
     raw = _record(3, 500).to_json()
-    compact = _parse(raw)
+    compact = PreparedRequest.from_json(raw).compact()
     assert isinstance(compact.prompt_token_ids, array)
     assert UnitRequest("j", compact, "s").to_json() == UnitRequest("j", PreparedRequest.from_json(raw), "s").to_json()
     assert compact.to_pending("j").prompt_token_ids is compact.prompt_token_ids  # the planner copies nothing
@@ -104,7 +103,7 @@ def test_a_round_keeps_about_four_bytes_a_token():
     lines = [_record(i, 2000).to_json() for i in range(100)]
     tracemalloc.start()
     try:
-        kept = [_parse(raw) for raw in lines]
+        kept = [PreparedRequest.from_json(raw).compact() for raw in lines]
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
@@ -115,9 +114,9 @@ def test_a_round_keeps_about_four_bytes_a_token():
 def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
     """Records are written with orjson, and with json where orjson refuses (an int past 64 bits): every field comes
     back, the logit bias's int keys included, and the line is one line of compact UTF-8 JSON."""
-    sampling = SamplingParams(max_tokens=3, temperature=0.7, seed=seed, stop=("é\n", "\\"), logit_bias={42: -1.5},
-                              stop_token_ids=(2,), guided=("json", '{"type": "object"}'))
-    req = PreparedRequest(5, 6, "ünï\t✓", "/v1/chat/completions", "m", [1, 2, 3], sampling, echo)
+    sampling = SamplingParams(max_tokens=3, temperature=0.7, seed=seed, stop=("é\n", "\\", "ünï\t✓"),
+                              logit_bias={42: -1.5}, stop_token_ids=(2,), guided=("json", '{"type": "object"}'))
+    req = PreparedRequest(5, "/v1/chat/completions", "m", [1, 2, 3], sampling, echo)
     raw = UnitRequest("job", req, "salt").to_json()
     assert b"\n" not in raw and b", " not in raw
     back = UnitRequest.from_json(raw)
@@ -131,7 +130,7 @@ def test_a_results_line_carries_the_output_line_as_the_job_file_gets_it():
     import json
 
     from batchinfer.jobs.output import formats
-    from batchinfer.jobs.output.records import ResultLine, UnitResult
+    from batchinfer.jobs.records import ResultLine, UnitResult
 
     record = {"logprob": float("-inf"), "text": "é\n 1 2", "n": 2 ** 70}
     raw = UnitResult("batch_j", 1, 2, True, record, 3, 4, 5).to_line()
@@ -145,3 +144,9 @@ def test_a_results_line_carries_the_output_line_as_the_job_file_gets_it():
     old = json.dumps({"job_id": "batch_j", "index": 1, "line": 2, "ok": True, "record": record, "prompt_tokens": 3,
                       "completion_tokens": 4, "cached_tokens": 5}, separators=(",", ":")).encode() + b"\n"
     assert ResultLine.parse(old) == back
+
+
+def test_a_record_an_earlier_version_wrote_still_reads():
+    """Prepared and unit input lines once held the request's line and custom_id (the requests table's now)."""
+    req = _record(3, 5)
+    assert PreparedRequest.from_json(dumps({**req.to_dict(), "line": 4, "custom_id": "r3"})) == req

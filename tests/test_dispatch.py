@@ -61,25 +61,37 @@ def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
     assert planner_config(default).block_size == engine_config(default.settings).block_size == EngineConfig().block_size
 
 
-def test_a_prepared_file_not_in_index_order_is_read_whole(make_context):
-    """Dispatch parses only the pending lines when request `index` is on line `index` (as validation writes
-    them); a file in any other order is read whole, and nothing pending is left out."""
-    from batchinfer.jobs import storage_keys
-    from batchinfer.runtime import dispatch as dispatch_module
+def test_a_prepared_part_not_in_index_order_is_read_whole(make_context):
+    """The store parses only the pending lines when request `index` is on line `index` of its part (as validation
+    writes them); a part in any other order is read whole, and nothing pending is left out."""
+    from batchinfer.jobs import record_store
 
     ctx = make_context()
     job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(5)])
-    key = storage_keys.job_prepared(job.id)
-    with ctx.storage.open_read(key) as stream:
-        lines = stream.read().splitlines(keepends=True)
-    assert dispatch_module._in_order(ctx, job.id, {1, 3}).keys() == {(job.id, 1), (job.id, 3)}
-    with ctx.storage.open_write(key) as out:
-        out.write(b"".join(reversed(lines)))
-    assert dispatch_module._in_order(ctx, job.id, {1, 3}) is None
+    assert record_store.read_prepared(ctx.storage, job.id, {1, 3}).keys() == {1, 3}
+    prepared = record_store.read_prepared(ctx.storage, job.id)
+    record_store.store_part(ctx.storage, job.id, 0, [prepared[i].to_json() + b"\n" for i in reversed(range(5))])
+    assert {i: r.index for i, r in record_store.read_prepared(ctx.storage, job.id, {1, 3}).items()} == {1: 1, 3: 3}
     units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=8))
     assert sum(u.num_requests for u in units) == 5
     with ctx.sessions() as session:
         assert set(session.scalars(select(Request.status).where(Request.job_id == job.id))) == {"planned"}
+
+
+def test_a_job_an_earlier_version_prepared_in_one_file_still_dispatches(make_context):
+    """Before prepared parts, a job's prepared requests were one file, each line holding its custom_id too."""
+    from batchinfer.jobs import record_store
+    from batchinfer.jobs.records import dumps
+
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(3)])
+    prepared = record_store.read_prepared(ctx.storage, job.id)
+    ctx.storage.delete(f"jobs/{job.id}/prepared-parts/000000.jsonl")
+    with ctx.storage.open_write(f"jobs/{job.id}/prepared.jsonl") as out:
+        for i, req in sorted(prepared.items()):
+            out.write(dumps({**req.to_dict(), "line": i + 1, "custom_id": f"c{i}"}) + b"\n")
+    units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=8))
+    assert sum(u.num_requests for u in units) == 3
 
 
 def test_a_deep_backlog_is_cut_into_bigger_units_spread_over_every_worker(make_context):

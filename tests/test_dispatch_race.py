@@ -19,7 +19,7 @@ from batchinfer.cluster.sweep import SweepHooks, sweep
 from batchinfer.db.models import JobStatus, Request, RequestStatus, WorkUnit
 from batchinfer.db.session import transaction
 from batchinfer.jobs import service
-from batchinfer.jobs.output.records import UnitRequest
+from batchinfer.jobs.records import RequestKey, UnitRequest
 from batchinfer.planner import PlannerConfig
 from batchinfer.runtime import dispatch as dispatch_module
 from batchinfer.runtime.dispatch import dispatch
@@ -58,7 +58,7 @@ def _assert_each_request_in_one_unit_at_its_place(ctx, job_id: str, n: int) -> l
     for unit_id in sizes:
         with ctx.storage.open_read(f"units/{unit_id}/input.jsonl") as stream:
             inputs[unit_id] = [UnitRequest.from_json(raw).key for raw in stream]
-    assert all(inputs[r.unit_id][r.unit_pos] == (job_id, r.index) for r in rows)
+    assert all(inputs[r.unit_id][r.unit_pos] == RequestKey(job_id, r.index) for r in rows)
     return sorted(sizes)
 
 

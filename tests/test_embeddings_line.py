@@ -36,11 +36,11 @@ def test_every_input_form_is_tokenized_without_a_template(tiny_tokenizer):
         embedding_line("s", input="Hello world"), embedding_line("l", input=["Hello world", "Bye"], dimensions=8),
         embedding_line("t", input=ids), embedding_line("tt", input=[ids, ids[:1]], encoding_format="base64")])
     assert report.ok
-    assert [v.prompt_token_ids for v in valid] == [ids] * 4
-    assert all(v.sampling.embed for v in valid)
-    assert valid[1].echo == {"encoding_format": "float", "dimensions": 8,
+    assert [v.request.prompt_token_ids for v in valid] == [ids] * 4
+    assert all(v.request.sampling.embed for v in valid)
+    assert valid[1].request.echo == {"encoding_format": "float", "dimensions": 8,
                              "inputs": [ids, tiny_tokenizer.encode("Bye", add_special_tokens=False)]}
-    assert "inputs" not in valid[0].echo and valid[3].echo["inputs"] == [ids, ids[:1]]
+    assert "inputs" not in valid[0].request.echo and valid[3].request.echo["inputs"] == [ids, ids[:1]]
 
 
 @pytest.mark.parametrize("body, code, param", [

@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from batchinfer.cluster.routing import WorkerLoad, model_queue, worker_queue
 from batchinfer.db.models import Request, WorkUnit
-from batchinfer.jobs import storage_keys
-from batchinfer.jobs.output.records import PreparedRequest
+from batchinfer.jobs import record_store
+from batchinfer.jobs.records import PreparedRequest
 from batchinfer.runtime.dispatch import dispatch
 from batchinfer.planner import PlannerConfig
 from jobfiles import chat_line, completion_line, submit_lines
@@ -33,8 +33,7 @@ def fleet(make_context, tmp_path):
 
 
 def _prepared(ctx, job_id: str) -> list[PreparedRequest]:
-    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-        return [PreparedRequest.from_json(raw) for raw in stream]
+    return [r for _, r in sorted(record_store.read_prepared(ctx.storage, job_id).items())]
 
 
 def test_a_batch_takes_the_model_its_lines_name(fleet):

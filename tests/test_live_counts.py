@@ -27,7 +27,7 @@ def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_
     assert started is not None
     attempt, to_run = started.attempt, started.to_run
     requests = unit_runner._load_requests(ctx, unit.unit_id, to_run)
-    watch = UnitWatch(ctx, unit.unit_id, attempt, requests)
+    watch = UnitWatch(ctx, unit.unit_id, attempt, [r for r, _ in requests])
     records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
     watch._flush()  # what the watch's thread does once a second
     tokens = sum(r.completion_tokens for r in records.values())

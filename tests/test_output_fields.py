@@ -9,8 +9,8 @@ from openai.types.chat import ChatCompletion
 
 from batchinfer.engine.types import GenerationResult, SamplingParams, TokenLogprob
 from batchinfer.jobs.output import formats
-from batchinfer.jobs.output.records import PreparedRequest
-from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.records import PreparedRequest
+from batchinfer.jobs.input.validation import ValidationLimits, ValidLine, validate_stream
 
 pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
 
@@ -19,7 +19,7 @@ def _validate(tokenizer, *bodies, url="/v1/chat/completions"):
     lines = [json.dumps({"custom_id": f"c{i}", "method": "POST", "url": url,
                          "body": {"messages": [{"role": "user", "content": "x"}], **b} if "chat" in url
                          else {"prompt": "x", **b}}) for i, b in enumerate(bodies)]
-    valid: list[PreparedRequest] = []
+    valid: list[ValidLine] = []
     report = validate_stream(io.BytesIO("\n".join(lines).encode()), tokenizer,
                              ValidationLimits(model_id="m", max_model_len=8192), valid.append)
     return report, valid
@@ -31,14 +31,14 @@ def test_the_fields_reach_the_sampling_params_and_survive_the_prepared_file(tiny
                                                "logit_bias": {"5": -100, "7": 2.5}, "min_tokens": 2,
                                                "stop_token_ids": [9], "ignore_eos": True, "max_tokens": 8})
     assert report.ok
-    p = valid[0].sampling
+    p = valid[0].request.sampling
     assert (p.logprobs, p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (3, 0.5, -1.0, 1.2)
     assert (p.logit_bias, p.min_tokens, p.stop_token_ids, p.ignore_eos) == ({5: -100.0, 7: 2.5}, 2, (9,), True)
-    assert PreparedRequest.from_json(valid[0].to_json()).sampling == p  # JSON's string keys come back as ids
+    assert PreparedRequest.from_json(valid[0].request.to_json()).sampling == p  # JSON's string keys come back as ids
     _, valid = _validate(tiny_tokenizer, {"logprobs": True}, {})
-    assert [v.sampling.logprobs for v in valid] == [0, None]
+    assert [v.request.sampling.logprobs for v in valid] == [0, None]
     _, valid = _validate(tiny_tokenizer, {"logprobs": 4}, {"logprobs": 0}, {}, url="/v1/completions")
-    assert [v.sampling.logprobs for v in valid] == [4, 0, None]
+    assert [v.request.sampling.logprobs for v in valid] == [4, 0, None]
 
 
 @pytest.mark.parametrize("body,param", [
@@ -112,12 +112,12 @@ def test_sampling_params_defaults_ask_for_nothing():
 
 def test_n_reaches_the_sampling_params_and_the_planner_counts_every_sample(tiny_tokenizer):
     report, valid = _validate(tiny_tokenizer, {"n": 4, "max_tokens": 10}, {"max_tokens": 10})
-    assert report.ok and [v.sampling.n for v in valid] == [4, 1]
-    assert PreparedRequest.from_json(valid[0].to_json()).sampling.n == 4
-    four, one = (v.to_pending("b") for v in valid)
+    assert report.ok and [v.request.sampling.n for v in valid] == [4, 1]
+    assert PreparedRequest.from_json(valid[0].request.to_json()).sampling.n == 4
+    four, one = (v.request.to_pending("b") for v in valid)
     assert four.cost - one.cost == 30 and four.new_tokens == 40  # the prompt once, max_tokens per sample
     _, valid = _validate(tiny_tokenizer, {"n": 16}, url="/v1/completions")
-    assert valid[0].sampling.n == 16
+    assert valid[0].request.sampling.n == 16
 
 
 def _sample(text: str, reason: str, stop_reason=None, tokens=(1, 2)):

@@ -34,11 +34,11 @@ def test_string_input_and_message_items_are_the_same_prompt(tiny_tokenizer):
                        metadata={"k": "v"}, store=False),
         responses_line("m", input=items)])
     assert report.ok and [v.custom_id for v in valid] == ["s", "m"]
-    assert valid[0].prompt_token_ids == valid[1].prompt_token_ids
-    assert "Be brief." in tiny_tokenizer.decode(valid[0].prompt_token_ids)
-    sampling = valid[0].sampling
+    assert valid[0].request.prompt_token_ids == valid[1].request.prompt_token_ids
+    assert "Be brief." in tiny_tokenizer.decode(valid[0].request.prompt_token_ids)
+    sampling = valid[0].request.sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p) == (5, 0.5, 0.9)
-    assert valid[0].echo["metadata"] == {"k": "v"} and valid[0].echo["instructions"] == "Be brief."
+    assert valid[0].request.echo["metadata"] == {"k": "v"} and valid[0].request.echo["instructions"] == "Be brief."
 
 
 @pytest.mark.parametrize("body, param", [
@@ -89,10 +89,10 @@ def test_text_format_holds_the_output_to_a_schema_and_the_response_repeats_it(ti
                                                   responses_line("o", input="Hi", text={"format": {"type": "json_object"}}),
                                                   responses_line("t", input="Hi", text={"format": {"type": "text"}})])
     assert report.ok
-    assert [v.sampling.guided for v in valid] == [("json_schema", json.dumps(SCHEMA, sort_keys=True)),
+    assert [v.request.sampling.guided for v in valid] == [("json_schema", json.dumps(SCHEMA, sort_keys=True)),
                                                   ("json_object", ""), None]
     result = GenerationResult("r", [1], '{"label": "yes"}', "stop", 3, 0, 1.0, 1.0, 1.0, 2.0)
-    body = formats.output_line("b", 0, "s", "/v1/responses", MODEL, result, "w", valid[0].echo)["response"]["body"]
+    body = formats.output_line("b", 0, "s", "/v1/responses", MODEL, result, "w", valid[0].request.echo)["response"]["body"]
     response = Response.model_validate(body)
     assert response.text is not None and response.text.format.type == "json_schema"
     assert json.loads(response.output_text) == {"label": "yes"}

@@ -23,7 +23,8 @@ def test_submit_validates_and_queues(make_context):
     job = submit_lines(ctx, [chat_line("a", "hi"), completion_line("b", "hey")], metadata={"team": "x"})
     assert job.status == "queued" and job.total == 2 and job.failed == 0 and job.metadata_ == {"team": "x"}
     assert job.queued_at >= job.created_at and job.expires_at == pytest.approx(job.created_at + 86400)
-    assert ctx.storage.exists(f"jobs/{job.id}/input.jsonl") and ctx.storage.exists(f"jobs/{job.id}/prepared.jsonl")
+    assert ctx.storage.exists(f"jobs/{job.id}/input.jsonl")
+    assert ctx.storage.exists(f"jobs/{job.id}/prepared-parts/000000.jsonl")
 
 
 @pytest.mark.fast
@@ -107,7 +108,7 @@ def test_jobs_on_postgres_and_s3_complete_with_output_in_input_order(make_contex
         assert job.prompt_tokens == sum(u["prompt_tokens"] for u in usage) > 0
         assert job.completion_tokens == sum(u["completion_tokens"] for u in usage) > 0
         assert all(o["metrics"]["worker"] == "test-worker" and o["metrics"]["e2e_s"] > 0 for o in lines)
-        assert {o["metrics"]["weight_format"] for o in lines} == {generator.weights_note.split(" ")[0]}
+        assert {o["metrics"]["weight_format"] for o in lines} == {generator.description.weight_format}
     assert [j.id for j in service.list_jobs(ctx)] == [second.id, first.id]
 
 

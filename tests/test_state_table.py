@@ -11,6 +11,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WebhookEvent, WorkUnit
 from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict
+from batchinfer.jobs.records import Origin, RequestKey
 from batchinfer.jobs.state import ending, table, units
 from batchinfer.jobs.state import validation as state
 
@@ -122,7 +123,7 @@ def test_start_unit_follows_the_table(make_context, status):
         unit, job = session.get(WorkUnit, "u"), session.get(Job, "j")
         request = session.scalar(select(Request))
     if table.START_UNIT.allows(status):
-        assert started is not None and started.to_run == {("j", 0)}
+        assert started is not None and started.to_run == {RequestKey("j", 0): Origin(1, "c")}
         assert (unit.status, job.status, request.status) == (UnitStatus.RUNNING, JobStatus.IN_PROGRESS, RequestStatus.RUNNING)
     else:
         assert started is None and (unit.status, job.status) == (status, JobStatus.QUEUED)

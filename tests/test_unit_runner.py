@@ -84,16 +84,16 @@ def test_requests_of_a_cancelled_job_are_not_run(make_context, generator):
 
 
 def test_a_unit_this_process_dispatched_reads_its_input_from_memory_and_a_rerun_from_storage(make_context, generator):
-    """Dispatch keeps each unit input it stored (runtime.unit_inputs): the unit runs with its file gone, to the
+    """Dispatch keeps each unit input it stored (record_store.kept_inputs): the unit runs with its file gone, to the
     same answers as one read from storage; a second run of the unit (a rerun) finds nothing kept and reads storage."""
-    from batchinfer.jobs import storage_keys
-    from batchinfer.runtime.unit_inputs import unit_inputs
+    from batchinfer.jobs import record_store
+    from batchinfer.jobs.record_store import kept_inputs
 
     ctx = make_context()
     kept_job, kept_unit = _one_unit_job(ctx, n=3)
     read_job, read_unit = _one_unit_job(ctx, n=3)
-    assert unit_inputs(ctx.storage).take(read_unit.unit_id) is not None  # dropped: this one reads its file
-    ctx.storage.delete(storage_keys.unit_input(kept_unit.unit_id))
+    assert kept_inputs(ctx.storage).take(read_unit.unit_id) is not None  # dropped: this one reads its file
+    ctx.storage.delete(record_store.unit_input(kept_unit.unit_id))
     assert run_unit(ctx, kept_unit.unit_id, generator, "w1").completed == 3
     assert run_unit(ctx, read_unit.unit_id, generator, "w1").completed == 3
 
@@ -104,19 +104,19 @@ def test_a_unit_this_process_dispatched_reads_its_input_from_memory_and_a_rerun_
 
     _, rerun_unit = _one_unit_job(ctx, n=2)
     assert units.start_unit(ctx, rerun_unit.unit_id, "crashed-worker") is not None
-    assert unit_inputs(ctx.storage).take(rerun_unit.unit_id) is not None  # the crashed run took it
+    assert kept_inputs(ctx.storage).take(rerun_unit.unit_id) is not None  # the crashed run took it
     assert run_unit(ctx, rerun_unit.unit_id, generator, "w2").completed == 2  # from storage
     other = make_context(data_dir=ctx.settings.data_dir / "elsewhere")
-    assert unit_inputs(other.storage) is not unit_inputs(ctx.storage)
+    assert kept_inputs(other.storage) is not kept_inputs(ctx.storage)
 
 
 def test_kept_unit_inputs_stay_under_their_token_bound_and_age():
     from batchinfer.engine.types import SamplingParams
-    from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
-    from batchinfer.runtime.unit_inputs import UnitInputs
+    from batchinfer.jobs.records import PreparedRequest, UnitRequest
+    from batchinfer.jobs.record_store import UnitInputs
 
     def unit(tokens):
-        return [UnitRequest("j", PreparedRequest(0, 1, "c", "/v1/completions", "m", list(range(tokens)), SamplingParams()))]
+        return [UnitRequest("j", PreparedRequest(0, "/v1/completions", "m", list(range(tokens)), SamplingParams()))]
 
     kept = UnitInputs(max_tokens=100, max_age_s=3600)
     assert kept.put("a", unit(60)) and not kept.put("b", unit(50))  # past the bound: b's unit reads storage

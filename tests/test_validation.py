@@ -31,18 +31,18 @@ def test_a_good_file_is_tokenized_with_the_chat_template(tiny_tokenizer):
     report, valid, _ = _validate(tiny_tokenizer, data + b"\n")
     assert report.ok and report.lines == 2 and [v.line for v in valid] == [1, 3]
     chat = valid[0]
-    assert chat.prompt_token_ids[0] == 1  # <|im_start|>
-    assert tiny_tokenizer.decode(chat.prompt_token_ids).endswith("<|im_start|>assistant\n")
-    assert valid[1].prompt_token_ids == tiny_tokenizer.encode("Once upon", add_special_tokens=False)
-    assert valid[1].sampling == SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=None,
-                                               stop=("x",))
-    assert [v.index for v in valid] == [0, 1]
+    assert chat.request.prompt_token_ids[0] == 1  # <|im_start|>
+    assert tiny_tokenizer.decode(chat.request.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    assert valid[1].request.prompt_token_ids == tiny_tokenizer.encode("Once upon", add_special_tokens=False)
+    assert valid[1].request.sampling == SamplingParams(max_tokens=4, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                                                       stop=("x",))
+    assert [v.request.index for v in valid] == [0, 1]
 
 
 def test_the_shipped_sample_is_valid(tiny_tokenizer):
     with open(Path(__file__).parents[1] / "examples" / "sample.jsonl", "rb") as f:
         report, valid, _ = _validate(tiny_tokenizer, f.read())
-    urls = {v.url for v in valid}
+    urls = {v.request.url for v in valid}
     assert report.ok and len(valid) == 8 and urls == {"/v1/chat/completions", "/v1/completions"}
 
 
@@ -104,7 +104,7 @@ def test_file_too_large(tiny_tokenizer):
 def test_only_the_configured_model_is_served(tiny_tokenizer):
     report, valid, _ = _validate(tiny_tokenizer, json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                                                         "body": {"prompt": "hi"}}).encode())
-    assert report.ok and valid[0].model == MODEL and valid[0].sampling.max_tokens == 256
+    assert report.ok and valid[0].request.model == MODEL and valid[0].request.sampling.max_tokens == 256
 
 
 @pytest.mark.parametrize("body,param", [
@@ -147,7 +147,7 @@ def test_a_seed_is_valid_exactly_when_the_engine_takes_it(tiny_tokenizer, seed, 
     """Validation and the engine share one range (engine.types): what passes here runs, what fails never does."""
     report, valid, _ = _validate(tiny_tokenizer, _line(seed=seed))
     if ok:
-        assert report.ok and valid[0].sampling.seed == seed
+        assert report.ok and valid[0].request.sampling.seed == seed
     else:
         assert _codes(report) == [(1, "invalid_field", "body.seed")] and valid == []
 
@@ -206,7 +206,7 @@ def test_chunked_validation_reports_exactly_what_line_by_line_validation_does(ti
     for chunk in (1, 7, 256):
         monkeypatch.setattr(validation, "CHUNK_LINES", chunk)
         report, valid, invalid = _validate(tiny_tokenizer, data, max_line_bytes=500)
-        found.append(([(v.index, v.line, v.custom_id, v.prompt_token_ids) for v in valid],
+        found.append(([(v.request.index, v.line, v.custom_id, v.request.prompt_token_ids) for v in valid],
                       [(e.line, e.code) for e in invalid], report.error_count))
     assert found[0] == found[1] == found[2]
     valid, invalid, _ = found[0]

@@ -76,8 +76,7 @@ def _context(embedded: bool = False):
     try:
         settings = get_settings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise BatchInferError(f"invalid setting: {first['msg']}") from None
+        raise _invalid_setting(exc) from None
     from batchinfer.cluster.registry import live_models_reader
 
     if embedded:
@@ -87,17 +86,29 @@ def _context(embedded: bool = False):
     return ctx
 
 
+def _invalid_setting(exc) -> BatchInferError:
+    return BatchInferError(f"invalid setting: {exc.errors()[0]['msg']}")
+
+
+def _set_command_line(**values) -> None:
+    from pydantic import ValidationError
+
+    from batchinfer.settings import set_command_line
+
+    try:
+        set_command_line(**values)
+    except ValidationError as exc:
+        raise _invalid_setting(exc) from None
+
+
 DTYPE_HELP = "engine dtype: auto (float32 unless another is invariant, faithful and faster here), float32 or bfloat16"
 
 
 def _force_dtype(dtype: str | None) -> None:
-    """--dtype wins over BATCHINFER_DTYPE, for this process and the worker processes it starts."""
+    """--dtype wins over BATCHINFER_DTYPE, for everything this process runs."""
     if dtype is None:
         return
-    from batchinfer.settings import get_settings
-
-    os.environ["BATCHINFER_DTYPE"] = dtype
-    get_settings.cache_clear()
+    _set_command_line(dtype=dtype)
 
 
 MODEL_HELP = "checkpoint to serve: a Hugging Face folder or a .gguf file (default: BATCHINFER_MODEL, else SmolLM2)"
@@ -105,23 +116,24 @@ MODEL_ID_HELP = "the name batches use for --model (default: the folder's or file
 
 
 def _force_model(model: Path | None, model_id: str | None, fallback_id: str | None = None) -> None:
-    """--model / --model-id win over BATCHINFER_MODEL / BATCHINFER_MODEL_ID, for this process and the worker
-    processes it starts. The id of a --model without --model-id: fallback_id, else its folder's or file's name."""
+    """--model / --model-id win over BATCHINFER_MODEL / BATCHINFER_MODEL_ID, for everything this process runs.
+    The id of a --model without --model-id: fallback_id, else its folder's or file's name."""
     if model is None and model_id is None:
         return
-    from batchinfer.settings import check_model_id, get_settings
+    from batchinfer.settings import check_model_id
 
+    chosen: dict[str, str] = {}
     if model is not None:
         if not model.exists():
             raise BatchInferError(f"--model: no file or folder {shown(str(model))}")
-        os.environ["BATCHINFER_MODEL"] = str(model.resolve())
+        chosen["model"] = str(model.resolve())
         model_id = model_id or fallback_id or model.stem
     if model_id is not None:
         try:
-            os.environ["BATCHINFER_MODEL_ID"] = check_model_id(model_id, "--model-id")
+            chosen["model_id"] = check_model_id(model_id, "--model-id")
         except ValueError as exc:
             raise BatchInferError(str(exc)) from None
-    get_settings.cache_clear()
+    _set_command_line(**chosen)
 
 
 def _client():
@@ -192,10 +204,11 @@ def _report_invalid_batch(batch: dict, as_json: bool) -> None:
 
 def _first_named_model(file: Path) -> str | None:
     from batchinfer.jobs.input.validation import first_named_model
+    from batchinfer.settings import get_settings
 
     try:
         with open(file, "rb") as source:
-            return first_named_model(source, 1_000_000)
+            return first_named_model(source, get_settings().max_line_bytes)
     except OSError:  # the submit names the problem
         return None
 

@@ -40,8 +40,9 @@ class RunProgress:
         self.started = time.monotonic()
         self.progress.update(self.task, description="generating")
 
-    def on_result(self, result) -> None:
-        if self.job_id is not None and result.request_id.rsplit(":", 1)[0] != self.job_id:
+    def on_result(self, key, result) -> None:
+        """key: the finished request's RequestKey."""
+        if self.job_id is not None and key.job_id != self.job_id:
             return
         self.tokens += result.completion_tokens
         elapsed = max(time.monotonic() - self.started, 1e-6)

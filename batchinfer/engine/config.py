@@ -7,15 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from .dtype import auto_dtype
+from .options import ACTIVATION_FORMATS, ATTENTION_BACKENDS, DTYPE_ALIASES, POOLINGS, WEIGHT_FORMATS
+from .options import DTYPES as DTYPE_NAMES
+from .types import EngineDescription
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-POOLINGS = ("auto", "last", "mean")
-WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/quant_weights.py
-ACTIVATION_FORMATS = ("float32", "int8")  # layers/w4a8_linear.py
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 @dataclass
@@ -85,16 +81,20 @@ class EngineConfig:
         return DTYPES[self.dtype]
 
     @property
+    def description(self) -> EngineDescription:
+        """What this config runs, as a record (each output line gets its fields)."""
+        return EngineDescription(self.dtype, self.dtype_reason, self.weight_format, self.weight_format_reason,
+                                 self.activation_format)
+
+    @property
     def dtype_note(self) -> str:
-        """What start-up prints and each job records: `float32 (auto: no avx512_bf16 or amx_bf16)`."""
-        return f"{self.dtype} ({self.dtype_reason})"
+        """What start-up prints: `float32 (auto: no avx512_bf16 or amx_bf16)`."""
+        return self.description.dtype_note
 
     @property
     def weights_note(self) -> str:
-        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`, and
-        `, activations int8` after it when the activations are not float32."""
-        note = f"{self.weight_format} ({self.weight_format_reason})"
-        return note if self.activation_format == "float32" else f"{note}, activations {self.activation_format}"
+        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`."""
+        return self.description.weights_note or ""  # a config always names a weight format
 
     def kv_budget_bytes(self) -> int:
         if self.kv_cache_bytes is not None:

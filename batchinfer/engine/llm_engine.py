@@ -21,7 +21,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 from .step_stats import StepStats
 from .stop_checker import StopChecker
-from .types import GenerationRequest, GenerationResult, context_length, now, refusal
+from .types import EngineDescription, GenerationRequest, GenerationResult, context_length, now, refusal
 
 
 class LLMEngine:
@@ -46,6 +46,10 @@ class LLMEngine:
         self.parents: dict[str, ParentRequest] = {}  # n > 1 requests by id
         self.parent_of: dict[str, str] = {}  # sample sequence id -> its request's id
         self.step_stats = StepStats()
+
+    @property
+    def description(self) -> EngineDescription:
+        return self.config.description
 
     @property
     def dtype_note(self) -> str:
@@ -191,7 +195,8 @@ class LLMEngine:
         prompt = None
         if len(req.prompt_token_ids) > 1:
             prompt = PromptSequence(f"{req.request_id}#prompt", req.prompt_token_ids[:-1], children[0].sampling,
-                                    req.arrival_time, req.cache_salt, num_samples=len(children))
+                                    req.arrival_time, req.cache_salt, num_samples=len(children),
+                                    parent_id=req.request_id)
         self.parents[req.request_id] = ParentRequest(req, samples, prompt)
         self.parent_of.update((s.request_id, req.request_id) for s in samples)
         for seq in [prompt] if prompt is not None else samples:
@@ -200,7 +205,7 @@ class LLMEngine:
     def _fork_prefilled(self, seqs: list[Sequence]) -> None:
         for prompt in seqs:
             if isinstance(prompt, PromptSequence) and prompt.prefilled and not prompt.is_finished:
-                samples = self.parents[prompt.request_id.rsplit("#", 1)[0]].samples
+                samples = self.parents[prompt.parent_id].samples
                 for sample in samples:
                     self.block_manager.fork(prompt, sample)
                     sample.num_cached_tokens = prompt.num_cached_tokens

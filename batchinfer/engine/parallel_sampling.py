@@ -48,9 +48,10 @@ def merge_samples(req: GenerationRequest, samples: list[GenerationResult], cache
 class PromptSequence(Sequence):
     """The shared prompt of an n-sample request, but its last token: computed once, never sampled."""
 
-    def __init__(self, *args, num_samples: int, **kwargs):
+    def __init__(self, *args, num_samples: int, parent_id: str = "", **kwargs):
         super().__init__(*args, **kwargs)
         self.num_samples = num_samples  # the scheduler admits it only where its samples fit max_num_seqs
+        self.parent_id = parent_id  # the request whose samples fork it
 
     def samples_this_step(self) -> bool:
         return False

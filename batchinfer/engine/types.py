@@ -4,13 +4,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .options import DEFAULT_MAX_TOKENS
+
 # torch.Generator.manual_seed takes any value that fits in 64 bits, signed or unsigned: the one seed range.
 MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
 
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 means no top-k cut
@@ -58,6 +60,41 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class EngineDescription:
+    """What a generator runs: its dtype, weight format and activations, each with why. Recorded with every
+    output as fields (metrics()); the notes are for people (start-up prints them)."""
+
+    dtype: str
+    dtype_reason: str = "asked"
+    weight_format: str | None = None  # None: a generator without weight formats (the transformers reference)
+    weight_format_reason: str = "asked"
+    activation_format: str = "float32"
+
+    @property
+    def dtype_note(self) -> str:
+        """`float32 (auto: no avx512_bf16 or amx_bf16)`."""
+        return f"{self.dtype} ({self.dtype_reason})"
+
+    @property
+    def weights_note(self) -> str | None:
+        """`gguf (auto: ...)`, with `, activations int8` after it when the activations are not float32."""
+        if self.weight_format is None:
+            return None
+        note = f"{self.weight_format} ({self.weight_format_reason})"
+        return note if self.activation_format == "float32" else f"{note}, activations {self.activation_format}"
+
+    def metrics(self) -> dict[str, str]:
+        """The fields each output line records (outputs compare only within one dtype and weight format);
+        float32 activations, the default, are not recorded."""
+        found = {"dtype": self.dtype}
+        if self.weight_format is not None:
+            found["weight_format"] = self.weight_format
+            if self.activation_format != "float32":
+                found["activation_format"] = self.activation_format
+        return found
 
 
 @dataclass

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from batchinfer.context import AppContext
 from batchinfer.errors import one_line
 from batchinfer.db.models import JobStatus
-from batchinfer.jobs import engine_rates, storage_keys
-from batchinfer.jobs.output.records import PreparedRequest
+from batchinfer.jobs import engine_rates, record_store
 from batchinfer.db.models import Job
 from batchinfer.jobs.output.batch_view import batch_object
 from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units, sized_for
@@ -69,8 +68,8 @@ def _shape(ctx: AppContext, job_id: str, config: PlannerConfig, workers: int) ->
     key = job_id, workers
     shape = _SHAPES.get(key)
     if shape is None:
-        with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-            pending = [PreparedRequest.from_json(raw).to_pending(job_id) for raw in stream if raw.strip()]
+        prepared = record_store.read_prepared(ctx.storage, job_id)
+        pending = [prepared[i].to_pending(job_id) for i in sorted(prepared)]
         units = plan_units(pending, sized_for(config, len(pending), workers))  # the units dispatch would cut
         shape = _SHAPES[key] = shape_of(estimate_plan(pending, config), units, config.block_size)
         while len(_SHAPES) > _MAX_SHAPES:

@@ -16,12 +16,12 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
 from batchinfer.jobs.output import formats
-from batchinfer.jobs import storage_keys
+from batchinfer.jobs import record_store
 from batchinfer.jobs.faults import is_transient, service_of
 from batchinfer.jobs.state import ending, validation as state
 from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
 from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
-from batchinfer.jobs.input.validation import (LineError, PreparedRequest, ValidationLimits, ValidationReport, peek_model,
+from batchinfer.jobs.input.validation import (LineError, ValidationLimits, ValidationReport, ValidLine, peek_model,
                                               unserved_model_report, validate_stream)
 from batchinfer.jobs.served_models import ServedModel, model_settings, served_models
 from batchinfer.settings import Settings
@@ -159,19 +159,18 @@ def model_tokenizer(ctx: AppContext, model: ServedModel):
 
 def _input_key(job: Job) -> str:
     """The job's input: the key create_job set (the column is nullable), else the default one."""
-    return job.input_key or storage_keys.job_input(job.id)
+    return job.input_key or record_store.job_input(job.id)
 
 
 def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None] | None = None) -> ValidationReport:
-    """Stream the stored input; valid lines go to prepared.jsonl and the requests table, bad ones to invalid.jsonl.
-    A batch whose model nobody serves fails whole, naming the served models."""
+    """Stream the stored input; valid lines go to the prepared parts and the requests table, bad ones to the
+    invalid lines. A batch whose model nobody serves fails whole, naming the served models."""
     try:
         served: dict[str, ServedModel] | None = served_models(ctx)
     except ConnectionError:  # the registry (the broker) is down: enough when this process serves the batch's model
         served = None
     with (ctx.storage.open_read(_input_key(job)) as stored,
-          ctx.storage.open_write(storage_keys.job_prepared(job.id)) as prepared,
-          ctx.storage.open_write(storage_keys.job_invalid(job.id)) as invalid):
+          ctx.storage.open_write(record_store.job_invalid(job.id)) as invalid):
         named, source = peek_model(stored, ctx.settings.max_line_bytes)
         model = batch_model(ctx, named, job.model)
         if served is None:
@@ -182,11 +181,6 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
             model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
         rows = _Rows(ctx, job.id, token, model, on_rows if ctx.settings.stream_dispatch else None)
 
-        def on_valid(req: PreparedRequest) -> None:
-            line = req.to_json() + b"\n"
-            prepared.write(line)
-            rows.add(req, line)
-
         def on_invalid(error: LineError) -> None:
             invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
                                                            error.message, error.line, error.param)))
@@ -196,7 +190,7 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
             settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
             limits = validation_limits(settings, max_model_len, tuple(served))
             limits.endpoint = job.endpoint
-            report = validate_stream(source, tokenizer, limits, on_valid, on_invalid)
+            report = validate_stream(source, tokenizer, limits, rows.add, on_invalid)
         else:
             report = unserved_model_report(model, served)
         rows.close()  # also the last check that this run still owns the job
@@ -205,12 +199,12 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
 
 
 class _Rows:
-    """Valid lines on their way to the requests table. Each commit renews the lease and notices a cancel.
+    """Valid lines on their way to the prepared parts and the requests table. Each part is stored before the rows it
+    holds are committed; each commit renews the lease and notices a cancel.
 
-    Streaming (on_rows given, settings.stream_dispatch): rows are committed a part at a time (storage_keys.PART_LINES
-    indexes), each only after its part of prepared requests is stored, so a dispatch may plan them while the file
-    is still validated; on_rows is called once, after the first part's rows are committed. Otherwise rows go every
-    INSERT_BATCH (or BEAT_S), and nothing reads them before the queue move."""
+    Streaming (on_rows given, settings.stream_dispatch): rows are committed a part at a time, so a dispatch may plan
+    them while the file is still validated; on_rows is called once, after the first part's rows are committed.
+    Otherwise rows go every INSERT_BATCH (or BEAT_S), and nothing reads them before the queue move."""
 
     def __init__(self, ctx: AppContext, job_id: str, token: str, model: str, on_rows: Callable[[], None] | None):
         self.ctx, self.job_id, self.token, self.model, self.on_rows = ctx, job_id, token, model, on_rows
@@ -224,13 +218,13 @@ class _Rows:
     def streaming(self) -> bool:
         return self.on_rows is not None
 
-    def add(self, req: PreparedRequest, line: bytes) -> None:
-        if self.streaming and req.index // storage_keys.PART_LINES != self.part:
+    def add(self, valid: ValidLine) -> None:
+        if record_store.part_of(valid.request.index) != self.part:
             self._store_part()
-            self.part = req.index // storage_keys.PART_LINES
-        self.rows.append({"job_id": self.job_id, "index": req.index, "line": req.line, "custom_id": req.custom_id})
-        if self.streaming:
-            self.lines.append(line)
+            self.part = record_store.part_of(valid.request.index)
+        self.rows.append({"job_id": self.job_id, "index": valid.request.index, "line": valid.line,
+                          "custom_id": valid.custom_id})
+        self.lines.append(valid.request.to_json() + b"\n")
         self.beat()
 
     def beat(self) -> None:
@@ -240,9 +234,8 @@ class _Rows:
             self._commit([] if self.streaming else self.rows)
 
     def close(self) -> None:
-        if self.streaming:
-            self._store_part(last=True)
-        else:
+        self._store_part(last=True)
+        if not self.streaming:
             self._commit(self.rows)
 
     def _commit(self, rows: list[dict]) -> None:
@@ -251,9 +244,10 @@ class _Rows:
 
     def _store_part(self, last: bool = False) -> None:
         if self.lines:
-            with self.ctx.storage.open_write(storage_keys.job_prepared_part(self.job_id, self.part)) as out:
-                out.write(b"".join(self.lines))
+            record_store.store_part(self.ctx.storage, self.job_id, self.part, self.lines)
             self.lines.clear()
+        if not self.streaming:
+            return
         committed = len(self.rows)
         self._commit(self.rows)
         if committed and not last and self.on_rows is not None and not self.asked:

@@ -11,7 +11,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request
 from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict, JobNotFound
-from batchinfer.jobs import service, storage_keys
+from batchinfer.jobs import record_store, service
 from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT, CreateBody, input_lines
 from batchinfer.jobs.output.anthropic_view import job_id
 
@@ -64,8 +64,4 @@ def delete(ctx: AppContext, owner: str, batch_id: str) -> None:
             raise JobConflict(f"message batch {batch_id[:80]} is still processing; cancel it before deleting it")
         session.execute(sql_delete(Request).where(Request.job_id == job.id))
         session.delete(row)
-    parts = [storage_keys.job_prepared_part(job.id, k) for k in range(-(-(job.total or 0) // storage_keys.PART_LINES))]
-    for key in {job.input_key, job.output_key, job.error_key, storage_keys.job_prepared(job.id), storage_keys.job_invalid(job.id),
-                *parts}:  # parts: those a streamed validation stored (deleting one never stored is a no-op)
-        if key and key.startswith(f"jobs/{job.id}/"):  # only its own files, never a shared upload
-            ctx.storage.delete(key)
+    record_store.delete_job_files(ctx.storage, job.id, job.total or 0, job.input_key, job.output_key, job.error_key)

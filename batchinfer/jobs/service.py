@@ -12,7 +12,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt
 from batchinfer.jobs.tenancy import scopes
-from batchinfer.jobs import storage_keys, submission
+from batchinfer.jobs import record_store, submission
 from batchinfer.jobs.job_validation import validate_job
 from batchinfer.jobs.state import ending
 from batchinfer.jobs.state import validation as state
@@ -55,7 +55,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     job_id = new_job_id()
     job = state.create_job(ctx, id=job_id, model=model, input_filename=filename, metadata_=metadata,
                            skip_invalid=skip_invalid, priority=priority, completion_window_s=window, created_at=now,
-                           expires_at=now + window, input_key=input_key or storage_keys.job_input(job_id), errors=[],
+                           expires_at=now + window, input_key=input_key or record_store.job_input(job_id), errors=[],
                            **fields)
     if source is not None:
         _store_input(ctx, job, source)
@@ -64,7 +64,7 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
 
 def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
     try:
-        ctx.storage.upload(job.input_key or storage_keys.job_input(job.id), source)
+        ctx.storage.upload(job.input_key or record_store.job_input(job.id), source)
     except Exception as exc:  # storage down: the job can never run, so it ends now rather than at the sweep
         cause = f"could not store the input file: {type(exc).__name__}: {excerpt(str(exc))}"
         try:

@@ -16,7 +16,7 @@ from typing import Callable
 from sqlalchemy import distinct, exists, func, select
 from sqlalchemy.orm import Session
 
-from batchinfer.jobs import storage_keys
+from batchinfer.jobs import record_store
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying
@@ -24,9 +24,8 @@ from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_uni
 from batchinfer.planner.fairness import service_levels
 from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
-from batchinfer.jobs.output.records import PreparedRequest, UnitRequest
+from batchinfer.jobs.records import PreparedRequest, UnitRequest
 from batchinfer.jobs.state import units
-from batchinfer.runtime.unit_inputs import unit_inputs
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
         served = _served_units(session, list(jobs)) if pending else {}
     if not pending:
         return []
-    validating = {j for j, job in jobs.items() if job.status == JobStatus.VALIDATING}
-    prepared = _load_prepared(ctx, {j: idx for j, idx in pending.items() if j not in validating})
-    prepared.update(_load_parts(ctx, {j: idx for j, idx in pending.items() if j in validating}))
+    prepared = _load_prepared(ctx, pending)
     requests = [prepared[job_id, index].to_pending(job_id, jobs[job_id].priority,
                                                    jobs[job_id].queued_at or jobs[job_id].created_at,
                                                    jobs[job_id].cache_scope)
@@ -119,12 +116,8 @@ def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int, 
 
 
 def _write_input(ctx: AppContext, unit_id: str, plan: UnitPlan, prepared) -> None:
-    """Stored, then kept in memory too: when this process runs the unit, it reads no file (unit_inputs)."""
     requests = [UnitRequest(req.job_id, prepared[req.job_id, req.index], req.scope) for req in plan.requests]
-    with ctx.storage.open_write(storage_keys.unit_input(unit_id)) as out:
-        for entry in requests:
-            out.write(entry.to_json() + b"\n")
-    unit_inputs(ctx.storage).put(unit_id, requests)
+    record_store.store_unit_input(ctx.storage, unit_id, requests)
 
 
 def dispatched_states(ctx: AppContext) -> tuple[str, ...]:
@@ -201,66 +194,16 @@ def _pending_indices(session, job_ids: list[str]) -> dict[str, set[int]]:
     return pending
 
 
-def _parse(raw: bytes) -> PreparedRequest:
-    """A round holds every pending record it read until its units are written (~30,000 of ~600 tokens in a
-    200 MB batch): each kept record's token ids as array('i'), 4 bytes a token instead of ~36 as a list of ints."""
-    return PreparedRequest.from_json(raw).compact()
-
-
 def _load_prepared(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[str, int], PreparedRequest]:
-    """Stream each job's prepared file, keeping only the pending requests."""
-    found = {}
-    for job_id, indices in pending.items():
-        ordered = _in_order(ctx, job_id, indices)
-        found.update(ordered if ordered is not None else _whole(ctx, job_id, indices))
-    return found
-
-
-def _in_order(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest] | None:
-    """Validation writes request `index` on line `index`: only the pending lines are parsed (a later dispatch
-    round reads the file again for what is left). None when a line it read holds another index: a pending
-    request not on its own line leaves that line, which is read, holding another."""
-    found = {}
-    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-        for position, raw in enumerate(stream):
-            if position in indices:
-                req = _parse(raw)
-                if req.index != position:
-                    return None
-                found[job_id, position] = req
-    return found
-
-
-def _load_parts(ctx: AppContext, pending: dict[str, set[int]]) -> dict[tuple[str, int], PreparedRequest]:
-    """Jobs still validated: prepared.jsonl is not readable yet, their parts are."""
-    found = {}
-    for job_id, indices in pending.items():
-        found.update(_from_parts(ctx, job_id, indices))
-    return found
-
-
-def _from_parts(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
-    """A job still validated: its rows are committed only after their part is stored (job_validation._Rows)."""
-    found = {}
-    for part in sorted({i // storage_keys.PART_LINES for i in indices}):
+    """The pending requests of each job, from its prepared parts. A round holds every one it read until its units
+    are written (~30,000 of ~600 tokens in a 200 MB batch): compact records, 4 bytes a token. A job with none stored
+    yet (validated by an earlier version without streaming) waits for its queue move."""
+    found: dict[tuple[str, int], PreparedRequest] = {}
+    for job_id, indexes in pending.items():
         try:
-            with ctx.storage.open_read(storage_keys.job_prepared_part(job_id, part)) as stream:
-                for raw in stream:
-                    req = PreparedRequest.from_json(raw)
-                    if req.index in indices:
-                        found[job_id, req.index] = req.compact()
-        except FileNotFoundError:  # validated without streaming (a process with it off): planned at its queue move
-            return {}
-    return found
-
-
-def _whole(ctx: AppContext, job_id: str, indices: set[int]) -> dict[tuple[str, int], PreparedRequest]:
-    found = {}
-    with ctx.storage.open_read(storage_keys.job_prepared(job_id)) as stream:
-        for raw in stream:
-            req = PreparedRequest.from_json(raw)
-            if req.index in indices:
-                found[job_id, req.index] = req.compact()
+            found.update(((job_id, i), req) for i, req in record_store.read_prepared(ctx.storage, job_id, indexes).items())
+        except FileNotFoundError:
+            continue
     return found
 
 

@@ -16,6 +16,7 @@ from batchinfer.runtime.engine_host import get_generator
 from batchinfer.runtime.generator import Generator
 from batchinfer.jobs.outage import ServiceOutage
 from batchinfer.runtime.outage import UnitReleased
+from batchinfer.runtime.progress import OnResult
 from batchinfer.runtime.unit_runner import UnitOutcome, fail_unit, run_unit
 from batchinfer.settings import Settings
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 EMBEDDED_WORKER = "embedded"
 
 
-def run_pending(ctx: AppContext, on_result: Callable[[object], None] | None = None,
+def run_pending(ctx: AppContext, on_result: OnResult | None = None,
                 on_loaded: Callable[[], None] | None = None,
                 load: Callable[[Settings], Generator] = get_generator) -> list[UnitOutcome]:
     """Without a broker the sweep's job-state half runs here: before dispatch, between units and at the end.

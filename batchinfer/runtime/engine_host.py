@@ -35,9 +35,10 @@ def get_generator(settings: Settings):
         _generators[key] = generator = _load(settings)
         remember_tokenizer(settings, generator.tokenizer, generator.max_model_len)
         log.info("model loaded in %.1f s", time.time() - started)
-        print(f"dtype {generator.dtype_note}", file=sys.stderr)  # once per process: the model is loaded once
-        if hasattr(generator, "weights_note"):  # LLMEngine's; the hf and null engines have no weight formats
-            print(f"weights {generator.weights_note}", file=sys.stderr)
+        described = generator.description
+        print(f"dtype {described.dtype_note}", file=sys.stderr)  # once per process: the model is loaded once
+        if described.weights_note is not None:  # LLMEngine's; the hf and null engines have no weight formats
+            print(f"weights {described.weights_note}", file=sys.stderr)
     return _generators[key]
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
 
-from batchinfer.engine.types import GenerationRequest, GenerationResult
+from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
     from batchinfer.settings import Settings
@@ -19,8 +19,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Loaded:
-    dtype_note: str
-    weights_note: str | None
+    description: EngineDescription
     notes: str  # what the load printed on stderr: the parent shows it where a one-process run showed it
     has_step_stats: bool
 

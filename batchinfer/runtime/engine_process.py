@@ -21,25 +21,30 @@ IMPORT_NICE = 5  # how far the torch import yields to the parent's work on a bus
 
 
 def start_for(argv: list[str]) -> None:
-    """Fork the engine process if this command is a `run` or a `worker`. Called first thing: no thread, no torch yet. The
-    environment is read here, not from Settings, because importing those is what the fork runs beside."""
+    """Fork the engine process if this command is a `run` or a `worker`. Called first thing: no thread, no torch yet."""
     global _started
-    if _forks(argv):
-        # what both processes need, imported once (settings and pydantic: ~0.2 s of CPU that each would pay)
-        import batchinfer.runtime.engine_host  # noqa: F401
-        import batchinfer.runtime.engine_messages  # noqa: F401
+    if argv[:1] not in (["run"], ["worker"]) or "--help" in argv:
+        return
+    # what both processes need, imported once (settings and pydantic: ~0.2 s of CPU that each would pay)
+    import batchinfer.runtime.engine_host  # noqa: F401
+    import batchinfer.runtime.engine_messages  # noqa: F401
 
+    if _forks(argv[0]):
         _started = EngineProcess.fork(signals_to_parent=argv[0] == "worker")
         atexit.register(_started.close)  # an invalid file's error, or the end: the child is killed, not awaited
 
 
-def _forks(argv: list[str]) -> bool:
-    if argv[:1] not in (["run"], ["worker"]) or "--help" in argv:
+def _forks(command: str) -> bool:
+    from pydantic import ValidationError
+
+    from batchinfer.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except ValidationError:  # the command reports it, in one line
         return False
-    if os.environ.get("BATCHINFER_ENGINE_PROCESS", "1") == "0":
-        return False
-    # a null-engine worker has no torch to overlap, and its many results would only cross a pipe (issue 22's bench)
-    return argv[0] == "run" or os.environ.get("BATCHINFER_ENGINE", "batchinfer") != "null"
+    # a null-engine worker has no torch to overlap, and its many results would only cross a pipe
+    return settings.engine_process and (command == "run" or settings.engine != "null")
 
 
 def started() -> EngineProcess | None:
@@ -152,8 +157,7 @@ def _serve(conn: Connection, parent: int) -> None:
     code = 0
     try:
         _die_with_parent(parent)
-        # the one setting read before Settings exist: the null engine needs no torch (most tests run it)
-        if os.environ.get("BATCHINFER_ENGINE", "batchinfer") != "null":
+        if _needs_torch():  # the null engine needs none (most tests run it)
             _import_torch_yielding()
         generator = _load(conn, conn.recv())
         if generator is not None:
@@ -165,6 +169,17 @@ def _serve(conn: Connection, parent: int) -> None:
     except BaseException:  # noqa: BLE001 - nothing of the child may print a traceback over the parent's output
         code = 1
     os._exit(code)
+
+
+def _needs_torch() -> bool:
+    from pydantic import ValidationError
+
+    from batchinfer.settings import get_settings
+
+    try:
+        return get_settings().engine != "null"
+    except ValidationError:  # the parent reports it
+        return False
 
 
 def _die_with_parent(parent: int) -> None:
@@ -202,8 +217,7 @@ def _load(conn: Connection, load):
     except Exception as exc:  # noqa: BLE001 - the parent raises it again, as a one-process run would have
         conn.send(msg.Failed.of(exc))
         return None
-    conn.send(msg.Loaded(generator.dtype_note, getattr(generator, "weights_note", None), notes.getvalue(),
-                         hasattr(generator, "step_stats")))
+    conn.send(msg.Loaded(generator.description, notes.getvalue(), hasattr(generator, "step_stats")))
     return generator
 
 

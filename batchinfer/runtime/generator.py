@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Callable, Collection, Iterable, Protocol
 
-from batchinfer.engine.types import GenerationRequest, GenerationResult
+from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult
 
 
 class Generator(Protocol):
-    dtype_note: str  # the dtype and why (`float32 (auto: no avx512_bf16 or amx_bf16)`), recorded with each output
+    description: EngineDescription  # what it runs (dtype, weight format, activations), recorded with each output
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None,

@@ -20,11 +20,11 @@ from batchinfer.engine.parallel_sampling import merge_samples, sample_requests
 from batchinfer.engine.sampler import Sampler
 from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.stop_checker import StopChecker
-from batchinfer.engine.types import GenerationRequest, GenerationResult, context_length, refusal
+from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult, context_length, refusal
 
 
 class HFGenerator:
-    def __init__(self, loaded: LoadedModel, dtype_note: str = "float32 (asked)"):
+    def __init__(self, loaded: LoadedModel, description: EngineDescription = EngineDescription("float32")):
         # load_model's transformers model, called as a function (which the CausalLM protocol does not promise).
         self.model: Any = loaded.hf_model
         self.tokenizer = loaded.tokenizer
@@ -32,13 +32,13 @@ class HFGenerator:
         self.sampler = Sampler()
         self.eos_token_ids = frozenset(eos_token_ids(loaded))
         self.stop_checker = StopChecker(loaded.tokenizer, self.eos_token_ids, self.max_model_len)
-        self.dtype_note = dtype_note
+        self.description = description  # no weight format: transformers runs the dense model
 
     @classmethod
     def from_pretrained(cls, model_path: str | None, cache_dir: str, config: EngineConfig | None = None) -> "HFGenerator":
         """In the engine config's dtype (float32 without one), as the engine would run."""
         config = config or EngineConfig(dtype="float32")
-        return cls(load_model(model_path, cache_dir, config.torch_dtype), config.dtype_note)
+        return cls(load_model(model_path, cache_dir, config.torch_dtype), EngineDescription(config.dtype, config.dtype_reason))
 
     def generate(self, requests: Iterable[GenerationRequest],
                  on_result: Callable[[GenerationResult], None] | None = None,

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Callable, Collection, Iterable
 
-from batchinfer.engine.types import GenerationRequest, GenerationResult, refusal
+from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult, refusal
 from batchinfer.jobs.input.tokenizer import tokenizer_and_context
 from batchinfer.settings import Settings
 
@@ -18,7 +18,7 @@ class NullGenerator:
     """The Generator contract (runtime.generator) with no model: the same refusals as the engine, aborts
     honoured, results in input order; every answer is the end-of-sequence token, finish_reason "length"."""
 
-    dtype_note = "none (the null engine runs no model)"
+    description = EngineDescription("none", "the null engine runs no model")
 
     def __init__(self, tokenizer, max_model_len: int):
         self.tokenizer = tokenizer

@@ -10,7 +10,7 @@ from batchinfer.jobs.eta import shape_of
 from batchinfer.errors import one_line
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units, sized_for
 from batchinfer.jobs.job_validation import batch_model, model_tokenizer, validation_limits
-from batchinfer.jobs.input.validation import PreparedRequest, ValidationReport, peek_model, unserved_model_report, validate_stream
+from batchinfer.jobs.input.validation import ValidationReport, ValidLine, peek_model, unserved_model_report, validate_stream
 from batchinfer.jobs.served_models import served_models
 from batchinfer.cluster.registry import WorkerState
 
@@ -23,8 +23,8 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     from)."""
     pending: list[PendingRequest] = []
 
-    def on_valid(req: PreparedRequest) -> None:
-        pending.append(req.to_pending("dry-run"))
+    def on_valid(valid: ValidLine) -> None:
+        pending.append(valid.request.to_pending("dry-run"))
 
     named, source = peek_model(source, ctx.settings.max_line_bytes)
     model, served = batch_model(ctx, named), served_models(ctx)

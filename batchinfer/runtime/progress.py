@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import delete, insert, select
 
@@ -25,7 +26,8 @@ from batchinfer.engine.types import GenerationResult
 from batchinfer.errors import one_line
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.state import ending, units
-from batchinfer.jobs.output.records import UnitRequest
+from batchinfer.jobs.records import RequestKey, UnitRequest
+from batchinfer.runtime.engine_requests import EngineRequests
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +41,24 @@ class _Tally:
     cached_tokens: int = 0
 
 
+OnResult = Callable[[RequestKey, GenerationResult], None]
+
+
 class UnitWatch:
     def __init__(self, ctx: AppContext, unit_id: str, attempt: int, requests: list[UnitRequest],
                  poll_s: float = 0.5, flush_s: float = 1.0):
         self.ctx, self.unit_id, self.attempt = ctx, unit_id, attempt
+        self.engine = engine = EngineRequests(requests)
         self.poll_s, self.flush_s = poll_s, flush_s
-        self.by_job: dict[str, list[UnitRequest]] = defaultdict(list)
-        for r in requests:
-            self.by_job[r.job_id].append(r)
+        self.by_job: dict[str, list[RequestKey]] = defaultdict(list)
+        for key in engine.ids:
+            self.by_job[key.job_id].append(key)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._tally: dict[str, _Tally] = defaultdict(_Tally)
-        self._finished: set[str] = set()
-        self._stopping: set[str] = set()  # handed to the engine (or about to be)
+        self._finished: set[str] = set()  # engine ids
+        self._parts_left = {key: len(ids) for key, ids in engine.ids.items()}
+        self._stopping: set[str] = set()  # engine ids handed to the engine (or about to be)
         self._to_abort: list[str] = []
         self._dirty = False
         self._flushed = False  # this run wrote live rows (finish deletes them)
@@ -73,12 +80,13 @@ class UnitWatch:
 
     # the engine's side (its thread) ------------------------------------------------------------------
 
-    def listen(self, also=None):
-        """on_result for the engine: counted here, then passed on to `also` (a progress bar)."""
+    def listen(self, also: OnResult | None = None) -> Callable[[GenerationResult], None]:
+        """on_result for the engine: counted here; a request done (every part of it) is passed on to `also`
+        (a progress bar) with its key."""
         def on_result(result: GenerationResult) -> None:
-            self._count(result)
-            if also is not None:
-                also(result)
+            key = self._count(result)
+            if key is not None and also is not None:
+                also(key, result)
         return on_result
 
     def aborts(self) -> list[str]:
@@ -87,12 +95,18 @@ class UnitWatch:
             ids, self._to_abort = self._to_abort, []
         return ids
 
-    def _count(self, result: GenerationResult) -> None:
+    def _count(self, result: GenerationResult) -> RequestKey | None:
+        """The request's key once its last part is done (None before, and for an aborted one)."""
+        key = self.engine.key_of(result).whole()
         with self._lock:
             self._finished.add(result.request_id)
+            self._parts_left[key] -= 1
             if result.aborted:
-                return
-            t = self._tally[result.request_id.rsplit(":", 1)[0]]
+                return None
+            t = self._tally[key.job_id]
+            if self._parts_left[key] > 0:  # an embeddings line's part: its tokens, the request counts once done
+                t.prompt_tokens += result.prompt_tokens
+                return None
             if getattr(result, "error", None):
                 t.failed += 1
             else:
@@ -101,6 +115,7 @@ class UnitWatch:
                 t.completion_tokens += result.completion_tokens
                 t.cached_tokens += result.cached_tokens
             self._dirty = True
+        return key
 
     # the watch's thread ------------------------------------------------------------------------------
 
@@ -143,7 +158,7 @@ class UnitWatch:
         overdue = {j for j, (status, expires_at) in jobs.items() if expires_at < now and status in JobStatus.RUNNABLE}
         if overdue:
             ending.expire_overdue(self.ctx, now)  # their unstarted requests elsewhere too, once for all of them
-        for job_id, requests in sorted(self.by_job.items()):
+        for job_id, keys in sorted(self.by_job.items()):
             if jobs.get(job_id, (None, now))[0] == JobStatus.CANCELLING:
                 why = RequestStatus.CANCELLED
             elif job_id in overdue:
@@ -151,15 +166,18 @@ class UnitWatch:
             else:
                 continue
             with self._lock:
-                stop = [r for r in requests if r.request_id not in self._finished | self._stopping]
-                self._stopping.update(r.request_id for r in stop)
-                self._to_abort += [r.request_id for r in stop]
+                done = self._finished | self._stopping
+                stop = {key: [i for i in self.engine.ids[key] if i not in done] for key in keys}
+                stop = {key: ids for key, ids in stop.items() if ids}
+                for ids in stop.values():
+                    self._stopping.update(ids)
+                    self._to_abort += ids
             if stop:
-                self._close(job_id, stop, why)
+                self._close(job_id, sorted(stop), why)
 
-    def _close(self, job_id: str, requests: list[UnitRequest], why: str) -> None:
+    def _close(self, job_id: str, keys: list[RequestKey], why: str) -> None:
         """Close the job's requests this run holds as `why`, counted as failed, then try its finalize."""
-        closed = units.stop_running(self.ctx, self.unit_id, self.attempt, job_id, [r.request.index for r in requests],
+        closed = units.stop_running(self.ctx, self.unit_id, self.attempt, job_id, [key.index for key in keys],
                                     expired=why == RequestStatus.EXPIRED)
         log.info("unit %s: %d requests of job %s stopped (%s)", self.unit_id, closed, job_id, why)
         ending.try_finalize(self.ctx, job_id)

@@ -14,9 +14,7 @@ POLL_S = 0.05  # how often aborts() is asked while the engine runs (the engine a
 class RemoteGenerator:
     def __init__(self, process, loaded: msg.Loaded):
         self.process = process
-        self.dtype_note = loaded.dtype_note
-        if loaded.weights_note is not None:
-            self.weights_note = loaded.weights_note
+        self.description = loaded.description
         self._has_step_stats = loaded.has_step_stats
         sys.stderr.write(loaded.notes)  # the dtype and weights lines, as get_generator prints them
 

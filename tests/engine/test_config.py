@@ -38,3 +38,25 @@ def test_weight_format_auto_is_the_default_and_dense_off_cpu():
     meta = EngineConfig(device="meta")
     assert meta.weights_note == "dense (auto: meta)"
     assert EngineConfig(weight_format="dense").weights_note == "dense (asked)"
+
+
+def test_the_description_is_a_record_and_its_notes_are_for_people():
+    described = EngineConfig(weight_format="dense").description
+    assert (described.dtype, described.weight_format, described.activation_format) == ("float32", "dense", "float32")
+    assert described.metrics() == {"dtype": "float32", "weight_format": "dense"}  # float32 activations: not recorded
+    int8 = EngineConfig(weight_format="gguf", activation_format="int8").description
+    assert int8.metrics() == {"dtype": "float32", "weight_format": "gguf", "activation_format": "int8"}
+    assert int8.weights_note == "gguf (asked), activations int8" == EngineConfig(weight_format="gguf",
+                                                                                 activation_format="int8").weights_note
+
+
+def test_the_settings_offer_the_values_the_engine_takes():
+    from batchinfer.engine import options
+    from batchinfer.settings import Settings
+
+    for value in options.WEIGHT_FORMATS:
+        assert Settings(weight_format=value).weight_format == value
+    for value in options.SETTING_DTYPES:
+        assert EngineConfig(dtype=value).dtype in options.DTYPES
+    with pytest.raises(ValueError, match="BATCHINFER_ENGINE must be 'batchinfer', 'hf' or 'null'"):
+        Settings(engine="vllm")

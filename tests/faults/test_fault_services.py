@@ -38,7 +38,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     again once the unit has stored its results, within the commit's retries: the commit gets through
     (pool_pre_ping drops the dead connections). Down past them: test_fault_outages (the unit is released,
     and the sweep runs it again once the database answers)."""
-    from batchinfer.jobs import storage_keys
+    from batchinfer.jobs import record_store
 
     c = fault_cluster(database=private_postgres.url)
     c.start("w1")
@@ -47,7 +47,7 @@ def test_the_database_down_across_a_units_commit_the_job_completes(fault_cluster
     unit = c.wait_unit_running("w1")
     fault_at = time.time()
     private_postgres.stop("immediate")
-    wait_for(lambda: c.context().storage.exists(storage_keys.unit_results(unit.id, 1)), 90, "the unit's results file")
+    wait_for(lambda: c.context().storage.exists(record_store.unit_results(unit.id, 1)), 90, "the unit's results file")
     time.sleep(1.0)  # the commit is failing now
     private_postgres.start()
     back_at = time.time()

@@ -1,7 +1,7 @@
 """A `/v1/embeddings` line's body, and its output body (OpenAI's list of embedding objects).
 
 The engine embeds one prompt a request: a line with several inputs carries them all (`echo["inputs"]`) and
-the unit runner splits and joins them (runtime.embedding_parts)."""
+the unit runner splits and joins them (runtime.engine_requests)."""
 from __future__ import annotations
 
 import base64

@@ -18,9 +18,10 @@ from batchinfer.jobs.input.input_line import InputLine, Sampling
 from batchinfer.jobs.input.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
 from batchinfer.jobs.input.responses_line import ResponsesBody
 from batchinfer.jobs.input.line_problems import Problem, first, one_per_param, problems
-from batchinfer.jobs.output.records import PreparedRequest
+from batchinfer.jobs.records import PreparedRequest
+from batchinfer.settings import Settings
 
-__all__ = ["PreparedRequest", "LineError", "ValidationLimits", "ValidationReport", "validate_stream"]
+__all__ = ["PreparedRequest", "ValidLine", "LineError", "ValidationLimits", "ValidationReport", "validate_stream"]
 M = TypeVar("M", bound=BaseModel)
 
 CODES = ("invalid_json_line", "invalid_utf8", "not_an_object", "missing_field", "invalid_field",
@@ -45,14 +46,29 @@ class LineError:
 
 
 @dataclass
+class ValidLine:
+    """A valid input line as validation hands it on: where it came from (the requests table keeps that) and
+    the prepared request (the prepared parts keep that)."""
+
+    line: int
+    custom_id: str
+    request: PreparedRequest
+
+
+def _setting(name: str):
+    """A setting's default: each limit has its home in Settings."""
+    return field(default=Settings.model_fields[name].default)
+
+
+@dataclass
 class ValidationLimits:
     model_id: str  # the batch's model: every line names it (OpenAI's rule) or none
     max_model_len: int
-    max_requests: int = 50_000
-    max_line_bytes: int = 1_000_000
-    max_file_bytes: int = 200 * 1024 * 1024
-    default_max_tokens: int = 256
-    max_errors_kept: int = 1000
+    max_requests: int = _setting("max_requests_per_file")
+    max_line_bytes: int = _setting("max_line_bytes")
+    max_file_bytes: int = _setting("max_file_bytes")
+    default_max_tokens: int = _setting("default_max_tokens")
+    max_errors_kept: int = _setting("max_errors_kept")
     endpoint: str | None = None  # the batch's (None: a file submitted without one)
     served_models: tuple[str, ...] = ()  # every model the fleet serves, for the errors of lines naming another
     sampling_defaults: dict = field(default_factory=dict)  # the checkpoint's generation_config.json defaults
@@ -103,7 +119,7 @@ CHUNK_LINES = 256  # lines parsed, then tokenized in one batch call, then report
 
 
 def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
-                    on_valid: Callable[[PreparedRequest], None],
+                    on_valid: Callable[[ValidLine], None],
                     on_invalid: Callable[[LineError], None] | None = None) -> ValidationReport:
     report = ValidationReport()
     seen_ids: set[str] = set()
@@ -230,11 +246,11 @@ class _Parsed:
 
 
 def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, limits: ValidationLimits,
-                 seen_ids: set[str]) -> list[tuple[list[LineError], PreparedRequest | None]]:
+                 seen_ids: set[str]) -> list[tuple[list[LineError], ValidLine | None]]:
     """(problems, prepared) per line, in order; indexes count the valid lines from first_index. The checks run
     as they did one line at a time: parse and check the envelope and body, render the prompt, then (after the
     chunk's one encode call) the checks on token counts and ids."""
-    parsed: list[_Parsed | PreparedRequest | list[LineError]] = []
+    parsed: list[_Parsed | ValidLine | list[LineError]] = []
     for number, raw in chunk:  # in line order: the first line with a custom_id keeps it
         try:
             parsed.append(_parse_line(number, raw, tokenizer, limits, seen_ids))
@@ -242,13 +258,13 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
             parsed.append([LineError(number, *problem) for problem in rejected.problems])
     texts = [p.text for p in parsed if isinstance(p, _Parsed)]
     encoded = iter(_encode_batch(tokenizer, texts))
-    results: list[tuple[list[LineError], PreparedRequest | None]] = []
+    results: list[tuple[list[LineError], ValidLine | None]] = []
     index = first_index
     for p in parsed:
         if isinstance(p, list):
             results.append((p, None))
             continue
-        if isinstance(p, PreparedRequest):  # an embeddings line, done at parsing
+        if isinstance(p, ValidLine):  # an embeddings line, done at parsing
             prepared = p
         else:
             try:
@@ -256,7 +272,7 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
             except _Rejected as rejected:
                 results.append(([LineError(p.number, *problem) for problem in rejected.problems], None))
                 continue
-        prepared.index = index
+        prepared.request.index = index
         index += 1
         results.append(([], prepared))
     return results
@@ -272,7 +288,7 @@ def _encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
     return [list(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
 
 
-def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> _Parsed | PreparedRequest:
+def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> _Parsed | ValidLine:
     """Every check but those that need the token ids; an embeddings line is done here (index set by the caller)."""
     line, custom_id = _envelope(_decode(raw), seen_ids)
     model = line.body.get("model", limits.model_id)
@@ -285,7 +301,7 @@ def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[
     return _Parsed(number, custom_id, line.url, model, body, body.prompt_text(tokenizer))
 
 
-def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: ValidationLimits) -> PreparedRequest:
+def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: ValidationLimits) -> ValidLine:
     body, custom_id = p.body, p.custom_id
     sampling = body.params(limits.default_max_tokens, limits.sampling_defaults)
     needed = len(prompt_ids) + sampling.max_tokens
@@ -297,7 +313,7 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
     _check_token_ids(sampling, len(tokenizer), custom_id)
     if not isinstance(body, EmbeddingsBody):  # embeddings lines are prepared apart and take no constraint
         _check_constraint(body, custom_id)
-    return PreparedRequest(index, p.number, custom_id, p.url, p.model, prompt_ids, sampling, echo)
+    return ValidLine(p.number, custom_id, PreparedRequest(index, p.url, p.model, prompt_ids, sampling, echo))
 
 
 def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:
@@ -308,7 +324,7 @@ def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:
 
 
 def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBody, tokenizer,
-                       limits: ValidationLimits) -> PreparedRequest:
+                       limits: ValidationLimits) -> ValidLine:
     inputs = body.token_inputs(tokenizer)
     vocab = len(tokenizer)
     for k, ids in enumerate(inputs):
@@ -320,8 +336,8 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
         if len(ids) >= limits.max_model_len:
             raise _Rejected(("context_length_exceeded", f"input {k} ({len(ids)} tokens) is over the model's "
                              f"context of {limits.max_model_len} tokens", "body.input", custom_id))
-    return PreparedRequest(index, number, custom_id, url, model, inputs[0], body.params(limits.default_max_tokens),
-                           body.echo(inputs))
+    return ValidLine(number, custom_id, PreparedRequest(index, url, model, inputs[0],
+                                                        body.params(limits.default_max_tokens), body.echo(inputs)))
 
 
 def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:

@@ -7,7 +7,6 @@ only this job's committed lines; output and errors come out of one pass.
 from __future__ import annotations
 
 import heapq
-import json
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -18,9 +17,9 @@ from typing import Iterator
 from sqlalchemy import select
 
 from batchinfer.jobs.output import formats
-from batchinfer.jobs import storage_keys
+from batchinfer.jobs import record_store
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
-from batchinfer.jobs.output.records import ResultLine
+from batchinfer.jobs.records import ResultLine
 from batchinfer.storage import Storage
 
 _UNFINISHED_CODES = {RequestStatus.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request finished"),
@@ -68,11 +67,8 @@ def _result_records(sources: list[Iterator]) -> Iterator[Record]:
 
 
 def _invalid_records(storage: Storage, job_id: str) -> Iterator[Record]:
-    if not storage.exists(storage_keys.job_invalid(job_id)):
-        return
-    with storage.open_read(storage_keys.job_invalid(job_id)) as stream:
-        for raw in stream:
-            yield json.loads(raw)["error"]["line"], False, raw
+    for line, raw in record_store.invalid_lines(storage, job_id):
+        yield line, False, raw
 
 
 def _unfinished_records(session, job_id: str) -> Iterator[Record]:
@@ -100,7 +96,7 @@ def _uncounted(session, job_id: str) -> frozenset[int]:
 def assemble(session, storage: Storage, job_id: str) -> tuple[str, str | None]:
     """Write output.jsonl (always) and errors.jsonl (when any request failed); return their keys."""
     keys, uncounted = _result_keys(session, job_id), _uncounted(session, job_id)
-    output_key, error_key = storage_keys.job_output(job_id), storage_keys.job_errors(job_id)
+    output_key, error_key = record_store.job_output(job_id), record_store.job_errors(job_id)
     with tempfile.TemporaryDirectory(prefix="assemble-") as local:
         folder = Path(local)
         with ThreadPoolExecutor(FETCHERS, thread_name_prefix="assemble") as fetchers:

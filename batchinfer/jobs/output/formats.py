@@ -7,7 +7,7 @@ from batchinfer.jobs.input.input_line import CHAT_URL
 from batchinfer.jobs.input.embeddings_line import embeddings_body
 from batchinfer.jobs.input.responses_line import RESPONSES_URL, response_body
 from batchinfer.jobs.output.logprob_shapes import chat_logprobs, completion_logprobs
-from batchinfer.jobs.output.records import output_line_bytes
+from batchinfer.jobs.records import output_line_bytes
 
 
 def request_id(job_id: str, index: int) -> str:

@@ -15,19 +15,18 @@ from sqlalchemy import and_, delete, exists, func, or_, select, text, update
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
-from batchinfer.jobs import storage_keys
-from batchinfer.jobs.output.records import UnitResult
+from batchinfer.jobs import record_store
+from batchinfer.jobs.records import Origin, RequestKey, UnitResult
 from batchinfer.jobs.state import table as T
 from batchinfer.planner import UnitPlan
 
 log = logging.getLogger(__name__)
-RequestKey = tuple[str, int]  # (job id, index)
 
 
 @dataclass(frozen=True)
 class StartedUnit:
     attempt: int
-    to_run: set[RequestKey]  # its requests still wanted (their job runnable, not cancelled)
+    to_run: dict[RequestKey, Origin]  # its requests still wanted (their job runnable, not cancelled)
     prefix_key: str
 
 
@@ -82,7 +81,7 @@ _CLAIMABLE = text("SELECT requests.job_id, requests.index FROM requests JOIN job
 def _new_unit(unit_id: str, plan: UnitPlan, queue: str, model: str | None, num_requests: int, now: float) -> WorkUnit:
     return WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key, model=model,
                     shared_prefix_len=plan.shared_prefix_len, num_requests=num_requests,
-                    input_key=storage_keys.unit_input(unit_id), created_at=now, dispatched_at=now)
+                    input_key=record_store.unit_input(unit_id), created_at=now, dispatched_at=now)
 
 
 def _plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | None = None) -> int:
@@ -160,34 +159,36 @@ def _start(session, unit_id: str, worker: str, incarnation: str | None, now: flo
     T.apply(unit, T.START_UNIT)
     unit.started_at, unit.worker, unit.incarnation, unit.waiting_for = now, worker, incarnation, None
     unit.attempts += 1
-    runnable = (select(Request.job_id, Request.index, Job.status).join(Job, Job.id == Request.job_id)
+    runnable = (select(Request.job_id, Request.index, Request.line, Request.custom_id, Job.status)
+                .join(Job, Job.id == Request.job_id)
                 .where(Request.unit_id == unit_id, Job.status.in_(T.UNIT_JOB_STATES),
                        Request.status.in_(T.RUN_REQUEST.current_states)))
     rows = session.execute(runnable).all()
-    to_run = {(j, i) for j, i, _ in rows}
+    to_run = {RequestKey(j, i): Origin(line, custom_id) for j, i, line, custom_id, _ in rows}
     # no UPDATE for a job already in progress (every unit but its first): it never goes back. A validating one
     # still gets it: its queue move may commit meanwhile, and the UPDATE waits for that and then starts it
-    for job_id in sorted({j for j, _, status in rows if status != JobStatus.IN_PROGRESS}):
+    for job_id in sorted({row.job_id for row in rows if row.status != JobStatus.IN_PROGRESS}):
         T.move(session, T.START_JOB, Job.id == job_id, now=now)
     # The state condition matters: a cancel that committed while this waited for the row keeps its
     # `cancelled` (already counted as failed); without it the request ran and was counted twice. One
     # statement a job, on its primary key (a plan on the status index, from stale statistics, scans the job).
     by_job: dict[str, list[int]] = defaultdict(list)
-    for job_id, index in sorted(to_run):
-        by_job[job_id].append(index)
+    for key in sorted(to_run):
+        by_job[key.job_id].append(key.index)
     for job_id, indexes in by_job.items():
         T.move(session, T.RUN_REQUEST, Request.job_id == job_id, Request.index.in_(indexes), Request.unit_id == unit_id)
     return StartedUnit(unit.attempts, to_run, unit.prefix_key)
 
 
-def open_requests(ctx: AppContext, unit_id: str) -> tuple[int, set[RequestKey]] | None:
+def open_requests(ctx: AppContext, unit_id: str) -> tuple[int, dict[RequestKey, Origin]] | None:
     """(attempts so far, requests not yet finished) of a unit that has not committed; None once it has."""
     with ctx.sessions() as session:
         unit = session.get(WorkUnit, unit_id)
         if unit is None or unit.status == UnitStatus.DONE:
             return None
-        return unit.attempts, set(session.execute(select(Request.job_id, Request.index).where(
-            Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states))))
+        rows = session.execute(select(Request.job_id, Request.index, Request.line, Request.custom_id).where(
+            Request.unit_id == unit_id, Request.status.in_(T.COMPLETE_REQUEST.current_states)))
+        return unit.attempts, {RequestKey(j, i): Origin(line, custom_id) for j, i, line, custom_id in rows}
 
 
 def commit_unit(ctx: AppContext, unit_id: str, result_key: str,
@@ -201,16 +202,16 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
                   last_error=None):
         log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
         return None
-    job_ids = sorted({j for j, _ in records})
+    job_ids = sorted({key.job_id for key in records})
     if job_ids:
         session.execute(select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update())
     held = session.execute(select(Request.job_id, Request.index, Request.status).where(Request.unit_id == unit_id)).all()
     open_states = set(T.COMPLETE_REQUEST.current_states)
-    still_open = {(j, i) for j, i, status in held if status in open_states}
+    still_open = {RequestKey(j, i) for j, i, status in held if status in open_states}
     records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
     for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
-        batch = [(j, i, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
-                 for (j, i), rec in sorted(records.items()) if rec.ok == ok]
+        batch = [(key.job_id, key.index, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
+                 for key, rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
     unfinished = _add_to_job_counts(session, records)
     n_ok = sum(1 for r in records.values() if r.ok)
@@ -222,8 +223,8 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozen
     """Add the records to their jobs' counts; returns the jobs that still count fewer finished than total (the
     counts are a hint: a finalize decides on the rows, and the sweep finalizes what a wrong hint skipped)."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    for (job_id, _), rec in records.items():
-        t = totals[job_id]
+    for key, rec in records.items():
+        t = totals[key.job_id]
         t[0 if rec.ok else 1] += 1
         t[2] += rec.prompt_tokens
         t[3] += rec.completion_tokens

@@ -15,7 +15,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import excerpt
-from batchinfer.jobs import storage_keys
+from batchinfer.jobs import record_store
 from batchinfer.jobs.state import table as T
 from batchinfer.jobs.input.validation import ValidationReport
 from batchinfer.jobs.webhooks.events import record_final
@@ -136,7 +136,7 @@ def finish_validation(ctx: AppContext, job_id: str, token: str, report: Validati
                 T.apply(job, T.START_JOB, now)
         else:
             T.apply(job, T.FAIL_VALIDATION, now)
-            job.error_key = storage_keys.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
+            job.error_key = record_store.job_invalid(job_id)  # its bad lines are its error file (API and CLI alike)
             session.flush()
             drop_requests(session, job_id)  # nothing of a failed job runs, nor counts (streamed units' results)
             session.refresh(job)

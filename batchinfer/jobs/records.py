@@ -1,5 +1,5 @@
-"""Records that cross a seam between layers: a prepared request (validation -> dispatch -> unit runner)
-and a unit's result lines (unit runner -> assembly, reports)."""
+"""Records that cross a seam between stages: a request's typed identity, a prepared request (intake -> dispatch
+-> units) and a unit's result lines (units -> finalize). record_store reads and writes them."""
 from __future__ import annotations
 
 import json
@@ -41,13 +41,39 @@ def work_tokens(prompt: T, completion: T, cached: T) -> T:
     return prompt - cached + completion  # type: ignore[operator]
 
 
+@dataclass(frozen=True, order=True)
+class RequestKey:
+    """A request's identity: its job and its index among the job's valid lines; `part` is input k of an
+    embeddings line, which the engine runs as one request per input."""
+
+    job_id: str
+    index: int
+    part: int | None = None
+
+    @property
+    def engine_id(self) -> str:
+        """The id the engine runs it under: made here, never parsed back (results are looked up by it)."""
+        whole = f"{self.job_id}:{self.index}"
+        return whole if self.part is None else f"{whole}#{self.part}"
+
+    def whole(self) -> RequestKey:
+        return RequestKey(self.job_id, self.index)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a request came from in the tenant's file: the requests table keeps it, the output line repeats it."""
+
+    line: int  # 1-based line of the input file
+    custom_id: str
+
+
 @dataclass
 class PreparedRequest:
-    """A valid input line, tokenized: what a job's prepared file holds, one JSON line each."""
+    """A valid input line, tokenized: what a job's prepared parts hold, one JSON line each. Where it came from
+    (its line and custom_id) is the requests table's."""
 
     index: int  # position among the valid lines
-    line: int
-    custom_id: str
     url: str
     model: str
     prompt_token_ids: list[int] | array  # an array('i') once compact()
@@ -68,6 +94,7 @@ class PreparedRequest:
 
     @classmethod
     def from_dict(cls, entry: dict[str, Any]) -> PreparedRequest:
+        entry = {name: entry[name] for name in _PREPARED_FIELDS if name in entry}  # older records held line, custom_id
         return cls(**{**entry, "sampling": SamplingParams(**entry["sampling"])})
 
     @classmethod
@@ -100,12 +127,8 @@ class UnitRequest:
     cache_salt: str | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.job_id, self.request.index
-
-    @property
-    def request_id(self) -> str:
-        return f"{self.job_id}:{self.request.index}"
+    def key(self) -> RequestKey:
+        return RequestKey(self.job_id, self.request.index)
 
     def to_json(self) -> bytes:
         return dumps({"job_id": self.job_id, "cache_salt": self.cache_salt, **self.request.to_dict()})
@@ -133,8 +156,8 @@ class UnitResult:
     cached_tokens: int = 0
 
     @property
-    def key(self) -> tuple[str, int]:
-        return self.job_id, self.index
+    def key(self) -> RequestKey:
+        return RequestKey(self.job_id, self.index)
 
     @property
     def work_tokens(self) -> int:
@@ -158,7 +181,7 @@ class ResultLine:
 
     @classmethod
     def parse(cls, raw: bytes) -> ResultLine:
-        if raw[:1] == b"{":  # a JSON line, as results files were written before 2026-12-05: rendered now
+        if raw[:1] == b"{":  # a JSON line: how earlier versions wrote results files (rendered now)
             entry = loads(raw)
             return cls(entry["job_id"], entry["index"], entry["line"], entry["ok"], output_line_bytes(entry["record"]))
         job_id, index, line, ok, _, _, _, output = raw.split(b" ", 7)
