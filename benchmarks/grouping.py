@@ -209,6 +209,7 @@ def _submit_and_dispatch(ctx, jobs: list[str], scopes: int = 1) -> list[str]:
     scopes > 1, job j is a direct job of org bench-(j mod scopes): that many tenants who share nothing."""
     from batchinfer.jobs import service
     from workers.celery_app import make_app
+    from batchinfer.cluster.broker import broker_priority
     from workers.tasks import RUN_UNIT_TASK, dispatch_units
 
     def tenant(j: int):
@@ -219,7 +220,7 @@ def _submit_and_dispatch(ctx, jobs: list[str], scopes: int = 1) -> list[str]:
     job_ids = [service.submit(tenant(j), io.BytesIO(text.encode()), f"job{j}.jsonl").id for j, text in enumerate(jobs)]
     app = make_app(ctx.settings)
     for unit in dispatch_units(ctx):
-        app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
+        app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue, priority=broker_priority(unit.level))
     return job_ids
 
 
@@ -246,7 +247,7 @@ def _collect(ctx, mode: str, job_ids: list[str], wall: float, options: GroupingB
     from batchinfer.jobs import record_store, service
     from batchinfer.db.models import WorkUnit
     from batchinfer.planner import estimate_plan
-    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.jobs.dispatch.planning import planner_config
 
     jobs = [service.get(ctx, j) for j in job_ids]
     pending = []

@@ -10,8 +10,8 @@ import threading
 import time
 
 from batchinfer.jobs import service
-from batchinfer.jobs.output.batch_view import batch_object
-from batchinfer.jobs.output.reports import group_figures, unit_figures, units_json
+from batchinfer.jobs.views.batch_view import batch_object
+from batchinfer.jobs.views.reports import group_figures, unit_figures, units_json
 
 from .process import hwm_kib
 

@@ -12,7 +12,7 @@ def main(path: str) -> None:
     started = time.time()
     from batchinfer.context import AppContext
     from batchinfer.jobs import service
-    from batchinfer.jobs.job_validation import validate_job
+    from batchinfer.jobs.intake.validate_job import validate_job
     from batchinfer.settings import get_settings
     from workers.tasks import stream_dispatch, trigger_dispatch
 

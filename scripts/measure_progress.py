@@ -19,10 +19,10 @@ from pathlib import Path
 from benchmarks.plan_accuracy import plan_rounds
 from batchinfer.context import AppContext
 from batchinfer.jobs import service
-from batchinfer.jobs.live import with_live
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.units.live import with_live
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from batchinfer.settings import Settings
 
 

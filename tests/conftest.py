@@ -64,7 +64,7 @@ def model_cache() -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer(model_cache):
-    from batchinfer.jobs.input.tokenizer import _tokenizer_and_len
+    from batchinfer.jobs.intake.tokenizer import _tokenizer_and_len
 
     return _tokenizer_and_len(None, model_cache)[0]
 

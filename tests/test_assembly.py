@@ -3,10 +3,10 @@ however many units there are (merged in rounds past MAX_OPEN). The null engine r
 import pytest
 
 from batchinfer.jobs import service
-from batchinfer.jobs.output import assembly
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.finalize import assembly
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, read_output, submit_lines
 
 pytestmark = pytest.mark.fast

@@ -129,7 +129,7 @@ def test_a_record_survives_its_json_line_whatever_it_holds(seed, echo):
 def test_a_results_line_carries_the_output_line_as_the_job_file_gets_it():
     import json
 
-    from batchinfer.jobs.output import formats
+    from batchinfer.jobs.endpoints import batch_line as formats
     from batchinfer.jobs.records import ResultLine, UnitResult
 
     record = {"logprob": float("-inf"), "text": "é\n 1 2", "n": 2 ** 70}

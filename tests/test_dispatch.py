@@ -3,7 +3,7 @@ from sqlalchemy import select
 
 from batchinfer.jobs import service
 from batchinfer.db.models import Request, WorkUnit
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.planner import PlannerConfig
 from jobfiles import chat_line, completion_line
 from jobfiles import submit_lines
@@ -52,7 +52,7 @@ def test_cancelled_and_failed_jobs_are_not_planned(make_context):
 
 def test_the_planner_shares_prefixes_in_the_engines_kv_blocks(make_context):
     from batchinfer.engine import EngineConfig
-    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.jobs.dispatch.planning import planner_config
     from batchinfer.runtime.engine_host import engine_config
 
     ctx = make_context(kv_block_size=32)
@@ -112,7 +112,7 @@ def test_a_file_still_validated_is_sized_by_the_rows_it_has_so_far():
     """A streamed round sees only what the last rounds left pending; the file's rows so far (its highest pending
     index + 1, each file) are what its units are sized by, so a long file's units grow from its first rounds."""
     from batchinfer.planner import PendingRequest
-    from batchinfer.runtime.dispatch import _backlog
+    from batchinfer.jobs.dispatch.planning import _backlog
 
     members = [PendingRequest("a", i, (1,), 1) for i in (900, 950)] + [PendingRequest("b", 10, (1,), 1)]
     assert _backlog(members, growing=False) == 3

@@ -21,10 +21,10 @@ from batchinfer.db.session import transaction
 from batchinfer.jobs import service
 from batchinfer.jobs.records import RequestKey, UnitRequest
 from batchinfer.planner import PlannerConfig
-from batchinfer.runtime import dispatch as dispatch_module
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch import planning as dispatch_module
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.null_generator import NullGenerator
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, read_output, submit_lines
 
 UNIT = PlannerConfig(max_requests_per_unit=64)
@@ -259,7 +259,7 @@ def test_a_copy_that_times_out_on_a_lock_is_a_fault_that_passes_and_each_row_is_
     faults (retried), not as a bad file (the job failed). A real lock timeout: another session holds the table."""
     import psycopg
 
-    from batchinfer.jobs.state import validation as state
+    from batchinfer.jobs.state import intake as state
 
     real, held = state._insert, []
 

@@ -9,8 +9,8 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from batchinfer.engine.types import GenerationResult
-from batchinfer.jobs.output import formats
-from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.endpoints import batch_line as formats
+from batchinfer.jobs.intake.lines import ValidationLimits, validate_stream
 from jobfiles import chat_line
 
 MODEL = "smollm2-135m-instruct"
@@ -73,12 +73,12 @@ def _result(vector: list[float], prompt_tokens: int) -> GenerationResult:
 
 def test_the_output_is_a_list_of_embeddings_with_dimensions_and_base64():
     a, b = [0.6, 0.0, 0.8, 0.0], [0.0, 1.0, 0.0, 0.0]
-    line = formats.embeddings_output_line("batch_x", 0, "c", MODEL, [_result(a, 3), _result(b, 2)], "w",
+    line = formats.output_line("batch_x", 0, "c", "/v1/embeddings", MODEL, [_result(a, 3), _result(b, 2)], "w",
                                           {"encoding_format": "float", "dimensions": 2})
     parsed = CreateEmbeddingResponse.model_validate(line["response"]["body"])
     assert parsed.object == "list" and [d.index for d in parsed.data] == [0, 1]
     assert parsed.data[0].embedding == [1.0, 0.0] and parsed.data[1].embedding == [0.0, 1.0]  # cut, then normalized
     assert parsed.usage.prompt_tokens == parsed.usage.total_tokens == 5
-    line = formats.embeddings_output_line("batch_x", 0, "c", MODEL, [_result(a, 3)], "w", {"encoding_format": "base64"})
+    line = formats.output_line("batch_x", 0, "c", "/v1/embeddings", MODEL, [_result(a, 3)], "w", {"encoding_format": "base64"})
     raw = base64.b64decode(line["response"]["body"]["data"][0]["embedding"])
     assert all(math.isclose(x, y, rel_tol=1e-6) for x, y in zip(struct.unpack("<4f", raw), a))

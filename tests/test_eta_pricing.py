@@ -8,7 +8,7 @@ from batchinfer.engine.sequence import Sequence
 from batchinfer.engine.step_stats import StepStats
 from batchinfer.engine.types import SamplingParams
 from batchinfer.jobs import engine_rates
-from batchinfer.jobs.eta import RunShape, prefill_pairs, shape_of
+from batchinfer.jobs.views.eta import RunShape, prefill_pairs, shape_of
 from batchinfer.planner import PendingRequest, PlannerConfig, estimate_plan, plan_units
 
 A, P, Q = 0.002, 4e-6, 1e-5  # seconds per prompt token, per prefill pair, per decode pair beyond the class mean

@@ -138,7 +138,7 @@ def test_two_models_run_each_on_its_own_workers(fleet):
 def test_a_unit_sent_to_a_worker_of_another_model_goes_on_to_its_own(fleet):
     """A message that reaches the wrong model's worker (one from before fleets, a path that knows no models)
     is passed on to the unit's model queue, never run on the wrong model."""
-    from batchinfer.cluster.routing import worker_queue
+    from batchinfer.jobs.dispatch.routing import worker_queue
     from batchinfer.settings import Settings
     from workers.celery_app import make_app
     from workers.tasks import RUN_UNIT_TASK

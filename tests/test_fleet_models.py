@@ -8,11 +8,11 @@ import json
 import pytest
 from sqlalchemy import select
 
-from batchinfer.cluster.routing import WorkerLoad, model_queue, worker_queue
+from batchinfer.jobs.dispatch.routing import WorkerLoad, model_queue, worker_queue
 from batchinfer.db.models import Request, WorkUnit
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import PreparedRequest
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.planner import PlannerConfig
 from jobfiles import chat_line, completion_line, submit_lines
 from tiny_model import build_tiny_model

@@ -1,6 +1,6 @@
 import pytest
 
-from batchinfer.jobs.output import formats
+from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.engine.types import GenerationResult
 
 pytestmark = pytest.mark.fast
@@ -13,7 +13,7 @@ def _result(n_tokens=5):
 
 
 def test_chat_output_line_has_openai_shape_usage_and_metrics():
-    line = formats.output_line("batch_1", 3, "c-3", "/v1/chat/completions", "m", _result(), "w1")
+    line = formats.output_line("batch_1", 3, "c-3", "/v1/chat/completions", "m", [_result()], "w1")
     body = line["response"]["body"]
     assert line["custom_id"] == "c-3" and line["error"] is None and line["response"]["status_code"] == 200
     assert body["object"] == "chat.completion"
@@ -30,14 +30,14 @@ def test_tpot_is_decode_time_over_tokens_after_the_first():
 
 
 def test_completion_output_line_is_a_text_completion():
-    body = formats.output_line("b", 0, "c", "/v1/completions", "m", _result(), "w")["response"]["body"]
+    body = formats.output_line("b", 0, "c", "/v1/completions", "m", [_result()], "w")["response"]["body"]
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == "hello"
 
 
 def test_ids_are_deterministic_per_job_and_index():
-    a = formats.output_line("b", 1, "c", "/v1/completions", "m", _result(), "w")
-    b = formats.output_line("b", 1, "c", "/v1/completions", "m", _result(), "other")
-    c = formats.output_line("b", 2, "c", "/v1/completions", "m", _result(), "w")
+    a = formats.output_line("b", 1, "c", "/v1/completions", "m", [_result()], "w")
+    b = formats.output_line("b", 1, "c", "/v1/completions", "m", [_result()], "other")
+    c = formats.output_line("b", 2, "c", "/v1/completions", "m", [_result()], "w")
     assert a["id"] == b["id"] != c["id"]
 
 

@@ -16,8 +16,8 @@ from collections import defaultdict
 import pytest
 import redis
 
-from batchinfer.jobs.output.reports import job_prefix_report
-from batchinfer.cluster.routing import worker_queue
+from batchinfer.jobs.views.reports import job_prefix_report
+from batchinfer.jobs.dispatch.routing import worker_queue
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -108,7 +108,7 @@ class Cluster:
         from workers.celery_app import make_app
         from workers.tasks import DISPATCH_TASK
 
-        from batchinfer.cluster.routing import SHARED_QUEUE
+        from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
 
         ids = [service.submit(ctx, io.BytesIO(data), f"job{n}.jsonl").id for n, data in enumerate(files)]
         make_app(self.settings).send_task(DISPATCH_TASK, queue=SHARED_QUEUE)  # one dispatch plans all jobs together

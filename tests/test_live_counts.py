@@ -6,11 +6,11 @@ import pytest
 from batchinfer.db.models import EngineRate
 from batchinfer.engine.step_stats import StepStats
 from batchinfer.jobs import engine_rates, service
-from batchinfer.jobs.live import with_live
+from batchinfer.jobs.units.live import with_live
 from batchinfer.jobs.state import units
-from batchinfer.runtime import unit_runner
-from batchinfer.runtime.dispatch import dispatch
-from batchinfer.runtime.progress import UnitWatch
+from batchinfer.jobs.units import runner as unit_runner
+from batchinfer.jobs.dispatch.planning import dispatch
+from batchinfer.jobs.units.progress import UnitWatch
 from jobfiles import completion_line, submit_lines
 
 
@@ -93,8 +93,8 @@ def test_status_before_the_first_request_finishes_shows_the_plans_eta(make_conte
     import io
 
     from batchinfer.cluster.registry import WorkerState
-    from batchinfer.jobs.eta import batch_with_eta
-    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.jobs.views.eta import batch_with_eta
+    from batchinfer.jobs.dispatch.planning import planner_config
     from batchinfer.runtime.preview import summary
 
     ctx = make_context()

@@ -5,10 +5,10 @@ import os
 import pytest
 from pydantic import ValidationError
 
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.engine_host import get_generator
 from batchinfer.runtime.null_generator import NullGenerator
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from batchinfer.settings import Settings
 from jobfiles import chat_line, read_output, submit_lines
 

@@ -12,8 +12,8 @@ from sqlalchemy.exc import OperationalError
 from batchinfer.db.models import ServiceOutage as OutageRow
 from batchinfer.jobs import outage
 from batchinfer.jobs.faults import service_of
-from batchinfer.jobs.live import with_live
-from batchinfer.jobs.output.batch_view import batch_object
+from batchinfer.jobs.units.live import with_live
+from batchinfer.jobs.views.batch_view import batch_object
 from jobfiles import completion_line, submit_lines
 
 pytestmark = pytest.mark.fast

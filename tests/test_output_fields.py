@@ -8,9 +8,9 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
 from batchinfer.engine.types import GenerationResult, SamplingParams, TokenLogprob
-from batchinfer.jobs.output import formats
+from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs.records import PreparedRequest
-from batchinfer.jobs.input.validation import ValidationLimits, ValidLine, validate_stream
+from batchinfer.jobs.intake.lines import ValidationLimits, ValidLine, validate_stream
 
 pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
 
@@ -84,7 +84,7 @@ ENTRIES = [TokenLogprob(1, -0.25, ((1, -0.25), (4, -2.0)), b"H\xc3", (b"H\xc3", 
 
 
 def test_chat_logprobs_parse_with_the_openai_sdk():
-    body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", _result(ENTRIES), "w")["response"]["body"]
+    body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", [_result(ENTRIES)], "w")["response"]["body"]
     parsed = ChatCompletion.model_validate(body).choices[0].logprobs
     assert parsed is not None and parsed.content is not None
     assert [t.logprob for t in parsed.content] == [-0.25, -0.5]
@@ -94,7 +94,7 @@ def test_chat_logprobs_parse_with_the_openai_sdk():
 
 
 def test_completion_logprobs_parse_with_the_openai_sdk():
-    body = formats.output_line("b", 0, "c", "/v1/completions", "m", _result(ENTRIES), "w")["response"]["body"]
+    body = formats.output_line("b", 0, "c", "/v1/completions", "m", [_result(ENTRIES)], "w")["response"]["body"]
     parsed = Completion.model_validate(body).choices[0].logprobs
     assert parsed is not None and parsed.token_logprobs == [-0.25, -0.5]
     assert parsed.text_offset == [0, len(parsed.tokens[0])] and parsed.top_logprobs[1] == {"\ufffd!": -0.5, "?": -1.5}
@@ -102,7 +102,7 @@ def test_completion_logprobs_parse_with_the_openai_sdk():
 
 def test_no_logprobs_asked_is_null():
     for url in ("/v1/chat/completions", "/v1/completions"):
-        assert formats.output_line("b", 0, "c", url, "m", _result(None), "w")["response"]["body"]["choices"][0][
+        assert formats.output_line("b", 0, "c", url, "m", [_result(None)], "w")["response"]["body"]["choices"][0][
             "logprobs"] is None
 
 
@@ -128,7 +128,7 @@ def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_the_prompt_once()
     samples = [_sample("a", "stop"), _sample("b", "length", tokens=(1, 2, 3)), _sample("c", "stop", "END")]
     merged = GenerationResult("r", [1, 2], "a", "stop", 3, 2, 1.0, 1.0, 1.0, 2.0, samples=samples)
     for url, parse in (("/v1/chat/completions", ChatCompletion), ("/v1/completions", Completion)):
-        body = formats.output_line("b", 0, "c", url, "m", merged, "w")["response"]["body"]
+        body = formats.output_line("b", 0, "c", url, "m", [merged], "w")["response"]["body"]
         parsed = parse.model_validate(body)
         assert [c.index for c in parsed.choices] == [0, 1, 2]
         assert [c.finish_reason for c in parsed.choices] == ["stop", "length", "stop"]
@@ -136,17 +136,17 @@ def test_n_samples_are_choices_0_to_n_minus_1_and_usage_counts_the_prompt_once()
         assert parsed.usage is not None and (parsed.usage.prompt_tokens, parsed.usage.completion_tokens) == (3, 7)
         assert parsed.usage.prompt_tokens_details.cached_tokens == 2
     texts = [c["message"]["content"] for c in
-             formats.output_line("b", 0, "c", "/v1/chat/completions", "m", merged, "w")["response"]["body"]["choices"]]
+             formats.output_line("b", 0, "c", "/v1/chat/completions", "m", [merged], "w")["response"]["body"]["choices"]]
     assert texts == ["a", "b", "c"]
 
 
 def test_the_matched_stop_string_becomes_anthropics_stop_sequence():
     from anthropic.types import Message
 
-    from batchinfer.jobs.output.anthropic_view import message
+    from batchinfer.jobs.endpoints.anthropic import message
 
     def as_message(result):
-        body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", result, "w")["response"]["body"]
+        body = formats.output_line("b", 0, "c", "/v1/chat/completions", "m", [result], "w")["response"]["body"]
         return Message.model_validate(message(body))
 
     stopped = as_message(_sample("Count: one", "stop", stop_reason=", two"))

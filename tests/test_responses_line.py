@@ -6,8 +6,8 @@ import pytest
 from openai.types.responses import Response
 
 from batchinfer.engine.types import GenerationResult
-from batchinfer.jobs.output import formats
-from batchinfer.jobs.input.validation import ValidationLimits, validate_stream
+from batchinfer.jobs.endpoints import batch_line as formats
+from batchinfer.jobs.intake.lines import ValidationLimits, validate_stream
 
 MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.fast  # a tiny real tokenizer (tests/tiny_model.py), no model
@@ -71,7 +71,7 @@ def test_the_output_body_is_a_response_the_sdk_parses():
                               last_token_time=101.0)
     echo = {"instructions": "Be brief.", "metadata": {"k": "v"}, "max_output_tokens": 3, "temperature": None,
             "top_p": None}
-    line = formats.output_line("batch_x", 0, "c", "/v1/responses", MODEL, result, "w", echo)
+    line = formats.output_line("batch_x", 0, "c", "/v1/responses", MODEL, [result], "w", echo)
     response = Response.model_validate(line["response"]["body"])
     assert response.object == "response" and response.status == "incomplete" and response.output_text == "Hello there"
     assert response.incomplete_details.reason == "max_output_tokens" and response.metadata == {"k": "v"}
@@ -92,7 +92,7 @@ def test_text_format_holds_the_output_to_a_schema_and_the_response_repeats_it(ti
     assert [v.request.sampling.guided for v in valid] == [("json_schema", json.dumps(SCHEMA, sort_keys=True)),
                                                   ("json_object", ""), None]
     result = GenerationResult("r", [1], '{"label": "yes"}', "stop", 3, 0, 1.0, 1.0, 1.0, 2.0)
-    body = formats.output_line("b", 0, "s", "/v1/responses", MODEL, result, "w", valid[0].request.echo)["response"]["body"]
+    body = formats.output_line("b", 0, "s", "/v1/responses", MODEL, [result], "w", valid[0].request.echo)["response"]["body"]
     response = Response.model_validate(body)
     assert response.text is not None and response.text.format.type == "json_schema"
     assert json.loads(response.output_text) == {"label": "yes"}

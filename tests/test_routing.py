@@ -9,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from batchinfer.cluster.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
+from batchinfer.jobs.dispatch.routing import (SHARED_QUEUE, WorkerLoad, choose_queue, rendezvous_order, route_units,
                                 worker_queue)
 from batchinfer.cluster.agent import WorkerAgent
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
@@ -228,7 +228,7 @@ def test_each_service_level_gets_its_own_broker_priority_step_in_order():
 
 
 def test_a_fleet_of_models_steals_drains_and_finds_units_within_each_model(registry):
-    from batchinfer.cluster.routing import model_queue
+    from batchinfer.jobs.dispatch.routing import model_queue
 
     registry = WorkerRegistry(registry.conn, registry.key_prefix, ttl_s=60)  # nobody goes silent here
     registry.beat(WorkerState("a1", busy=True, model="m-a", model_path="/models/a"))

@@ -5,9 +5,9 @@ from sqlalchemy import func, select
 
 from batchinfer.jobs import lifecycle, service
 from batchinfer.db.models import Request
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, TooManyActive
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
 
@@ -120,7 +120,7 @@ def test_unknown_jobs_are_reported(make_context):
 
 @pytest.mark.fast
 def test_every_submit_is_checked_alike_metadata_window_and_active_limit(make_context):
-    """The CLI's submit passes the checks the API's create does (jobs.submission), not a subset."""
+    """The CLI's submit passes the checks the API's create does (jobs.intake.submission), not a subset."""
     ctx = make_context(max_active_batches_per_owner=1)
     lines = [completion_line("a", "x")]
     with pytest.raises(InvalidRequest, match="invalid_metadata: at most 16 metadata pairs"):

@@ -13,7 +13,7 @@ from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict
 from batchinfer.jobs.records import Origin, RequestKey
 from batchinfer.jobs.state import ending, table, units
-from batchinfer.jobs.state import validation as state
+from batchinfer.jobs.state import intake as state
 
 pytestmark = pytest.mark.fast
 

@@ -71,3 +71,46 @@ def test_the_check_sees_each_kind_of_write(source, what):
 def test_the_state_package_itself_is_seen_writing():
     """The check is not vacuous: the moves it exempts are found by it."""
     assert any(_writes(ast.parse(f.read_text())) for f in STATE.glob("*.py"))
+
+
+STAGES = ("intake", "dispatch", "units", "finalize")  # a request's way, in order; state/ is the floor beneath
+JOBS = ROOT / "batchinfer" / "jobs"
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_each_stage_moves_its_rows_through_the_state_package(stage):
+    """A stage is a package of its own, and what it changes of jobs, requests and units goes through state/:
+    some module of it calls a move there, and none writes a row itself (the check above)."""
+    modules = sorted((JOBS / stage).glob("*.py"))
+    assert (JOBS / stage / "__init__.py") in modules and len(modules) > 1
+    assert any(name.startswith("batchinfer.jobs.state") for f in modules for name in _imports(ast.parse(f.read_text())))
+
+
+def _storage_keys(tree: ast.Module) -> list[str]:
+    """String literals and f-strings that spell a key of the job system's own files (jobs/..., units/...)."""
+    found = []
+    for node in ast.walk(tree):
+        head = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+        if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(("jobs/", "units/")):
+            found.append(f"{node.lineno}: {head.value!r}")
+    return found
+
+
+def test_only_the_record_store_names_the_job_systems_files():
+    """Every internal file (prepared parts, invalid lines, unit inputs and results, a job's output) has one owner:
+    batchinfer/jobs/record_store.py says where it lives and reads and writes it."""
+    store = JOBS / "record_store.py"
+    offenders = {str(f.relative_to(ROOT)): keys for f in _product_modules()
+                 if f != store and (keys := _storage_keys(ast.parse(f.read_text())))}
+    assert offenders == {}, "name the file through batchinfer.jobs.record_store: " + repr(offenders)
+    assert _storage_keys(ast.parse(store.read_text()))  # not vacuous

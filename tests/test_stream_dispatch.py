@@ -13,11 +13,11 @@ from sqlalchemy import func, select
 
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, WorkUnit
 from batchinfer.jobs import service
-from batchinfer.jobs.job_validation import validate_job
+from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.planner import PlannerConfig
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.null_generator import NullGenerator
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, read_output
 
 UNIT = PlannerConfig(max_requests_per_unit=64)

@@ -5,8 +5,8 @@ constrained`), not this test's."""
 from __future__ import annotations
 
 from batchinfer.jobs import service
-from batchinfer.runtime.dispatch import dispatch
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.dispatch.planning import dispatch
+from batchinfer.jobs.units.runner import run_unit
 from benchmarks.support.labelling import batch_lines, schema_of, validates
 from jobfiles import read_output, submit_lines
 

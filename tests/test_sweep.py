@@ -13,8 +13,8 @@ from batchinfer.cluster.sweep import SweepHooks, sweep
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.jobs import service
 from batchinfer.jobs.state import units
-from batchinfer.runtime import unit_runner
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.units import runner as unit_runner
+from batchinfer.jobs.dispatch.planning import dispatch
 from jobfiles import completion_line, read_output, submit_lines
 
 

@@ -3,10 +3,10 @@ from sqlalchemy import select
 from batchinfer.jobs import service
 from batchinfer.jobs.state import units
 
-from batchinfer.runtime import unit_runner
+from batchinfer.jobs.units import runner as unit_runner
 from batchinfer.db.models import Request, WorkUnit
-from batchinfer.runtime.dispatch import dispatch
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.dispatch.planning import dispatch
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import completion_line
 from jobfiles import read_output, submit_lines
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.input.validation import CODES, ValidationLimits, validate_stream
+from batchinfer.jobs.intake.lines import CODES, ValidationLimits, validate_stream
 from jobfiles import chat_line, completion_line
 
 MODEL = "smollm2-135m-instruct"
@@ -192,7 +192,7 @@ def test_a_json_error_names_the_character_where_the_line_goes_wrong(tiny_tokeniz
 def test_chunked_validation_reports_exactly_what_line_by_line_validation_does(tiny_tokenizer, monkeypatch):
     """Lines are tokenized a chunk at a time; indexes, error order (the error file is merged by line) and
     duplicate detection stay those of one line at a time, also across chunk edges and a reader-found problem."""
-    import batchinfer.jobs.input.validation as validation
+    import batchinfer.jobs.intake.lines as validation
 
     lines = [chat_line(f"c{i}", f"question {i}", 2) for i in range(40)]
     lines[5] = "{not json"

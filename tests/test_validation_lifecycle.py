@@ -6,9 +6,10 @@ import pytest
 from sqlalchemy import func, select
 
 from batchinfer.db.models import Job, Request
-from batchinfer.jobs import job_validation, lifecycle, service
+from batchinfer.jobs import lifecycle, service
+from batchinfer.jobs.intake import validate_job as job_validation
 from batchinfer.jobs.faults import is_transient
-from batchinfer.jobs.state import validation as state
+from batchinfer.jobs.state import intake as state
 from jobfiles import chat_line
 
 pytestmark = pytest.mark.fast  # validated with the tiny tokenizer (make_settings), SQLite and local files

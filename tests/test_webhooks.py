@@ -13,12 +13,12 @@ from batchinfer.db.models import Job, JobStatus, WebhookEvent
 from batchinfer.db.session import transaction
 from batchinfer.errors import InvalidRequest
 from batchinfer.jobs import service
-from batchinfer.jobs.job_validation import validate_job
+from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.jobs.webhooks.delivery import DeliveryLoop, deliver_due
 from batchinfer.jobs.webhooks.events import event_id, record_final
 from batchinfer.jobs.webhooks.signing import WebhookVerificationError, new_secret, verify
-from batchinfer.runtime.dispatch import dispatch
-from batchinfer.runtime.unit_runner import run_unit
+from batchinfer.jobs.dispatch.planning import dispatch
+from batchinfer.jobs.units.runner import run_unit
 from jobfiles import completion_line, submit_lines
 from webhook_receiver import Receiver
 

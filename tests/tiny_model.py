@@ -1,7 +1,7 @@
 """A tiny model folder for the fast tier: a real byte-level BPE tokenizer (the `tokenizers` library, trained in
 milliseconds on a few sentences), a ChatML template and a config.json, but no weights.
 
-Validation, submission, planning and dispatch read only these files (jobs/input/tokenizer.py loads a folder's
+Validation, submission, planning and dispatch read only these files (jobs/intake/tokenizer.py loads a folder's
 tokenizer.json with LightTokenizer), so job-system tests run on it without the model. The special tokens keep
 SmolLM2's ids (<|endoftext|> 0, <|im_start|> 1, <|im_end|> 2) and its context length.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from batchinfer.cluster.routing import SHARED_QUEUE
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
 from batchinfer.settings import Settings, get_settings
 
 

@@ -14,7 +14,7 @@ import warnings
 
 from celery import signals
 
-from batchinfer.cluster.routing import SHARED_QUEUE, model_queue, worker_queue
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue, worker_queue
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent

@@ -10,19 +10,21 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from sqlalchemy import select
 
 from batchinfer.context import AppContext
+from batchinfer.errors import one_line
 from batchinfer.db.models import JobStatus, WorkUnit
-from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.intake.validate_job import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state import units
-from batchinfer.runtime.dispatch import DispatchedUnit, dispatch, more_pending, still_validating
+from batchinfer.jobs.dispatch.planning import DispatchedUnit, dispatch, more_pending, still_validating
 from batchinfer.runtime.engine_process import EngineProcessLost, generator_for
+from batchinfer.cluster.broker import broker_priority
 from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.cluster.registry import open_registry
-from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue
 from batchinfer.cluster.sweep import SweepHooks
 from batchinfer.settings import get_settings
 from batchinfer.jobs.outage import ServiceOutage
-from batchinfer.runtime.outage import UnitReleased, start_step
-from batchinfer.runtime.unit_runner import UnitInterrupted, fail_unit, run_unit
+from batchinfer.jobs.units.waits import UnitReleased, start_step
+from batchinfer.jobs.units.runner import UnitInterrupted, fail_unit, run_unit
 from workers.celery_app import app
 from workers.process import WorkerProcess, this_process
 
@@ -50,7 +52,7 @@ def dispatch_units(ctx: AppContext, on_units: Callable[[list[DispatchedUnit]], N
 
 def send_units(units: list[DispatchedUnit]) -> None:
     for unit in units:
-        run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=unit.priority)
+        run_unit_task.apply_async(args=[unit.unit_id], queue=unit.queue, priority=broker_priority(unit.level))
 
 
 def dispatch_and_send(ctx: AppContext, incarnation: str | None = None, round_no: int | None = None) -> int:
@@ -169,6 +171,8 @@ def run_unit_task(self, unit_id: str) -> dict:
         return {"unit_id": unit_id, "committed": False, "completed": 0}
     except (UnitReleased, ServiceOutage) as exc:  # a service stayed down: the sweep sends it again once it answers
         log.warning("%s; it runs again once that service answers", exc)
+        if isinstance(exc, UnitReleased) and not exc.recorded:
+            _note_for_the_sweep(ctx, exc)
         return {"unit_id": unit_id, "committed": False, "completed": 0}
     except Exception as exc:  # storage or database still down after retries: the sweep reruns it, then fails it
         log.warning("unit %s did not commit: %s: %s; it will be rerun", unit_id, type(exc).__name__, str(exc)[:300])
@@ -179,6 +183,14 @@ def run_unit_task(self, unit_id: str) -> dict:
             agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
                                 time.time() - started)
     return {"unit_id": unit_id, "committed": outcome.committed, "completed": outcome.completed}
+
+
+def _note_for_the_sweep(ctx: AppContext, released: UnitReleased) -> None:
+    """The database could not take the release: the broker keeps it until the sweep can write it."""
+    try:
+        open_registry(ctx.settings).note_released(released.unit_id, released.attempt, released.service)
+    except Exception as exc:  # the broker down too: the sweep reruns the unit as lost (one attempt counted)
+        log.warning("unit %s: could not leave its release for the sweep: %s", released.unit_id, one_line(exc))
 
 
 def engine_or_exit(settings):

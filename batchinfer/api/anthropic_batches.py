@@ -15,8 +15,8 @@ from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError, InvalidRequest, JobConflict, JobNotFound, TooManyActive
 from batchinfer.jobs import message_batches, service
 from batchinfer.jobs.tenancy import tenants
-from batchinfer.jobs.input.anthropic_params import parse_create
-from batchinfer.jobs.output.anthropic_view import message_batch, results
+from batchinfer.jobs.endpoints.anthropic import parse_create
+from batchinfer.jobs.views.anthropic_view import message_batch, results
 
 router = APIRouter(prefix="/v1/messages/batches")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -16,8 +16,8 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, Job
 from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
-from batchinfer.jobs.output.batch_view import batch_object
-from batchinfer.jobs.live import with_live
+from batchinfer.jobs.views.batch_view import batch_object
+from batchinfer.jobs.units.live import with_live
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -114,9 +114,9 @@ def _read(ctx: AppContext, key: str) -> bytes:
 
 @router.get("/{batch_id}")
 def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    """The batch with live counts; before its first request finishes, also the plan's ETA (jobs.eta)."""
-    from batchinfer.jobs.eta import batch_with_eta
-    from batchinfer.runtime.dispatch import planner_config
+    """The batch with live counts; before its first request finishes, also the plan's ETA (jobs.views.eta)."""
+    from batchinfer.jobs.views.eta import batch_with_eta
+    from batchinfer.jobs.dispatch.planning import planner_config
     from batchinfer.runtime.preview import worker_count
 
     job = with_live(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
@@ -130,7 +130,7 @@ def cancel(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scop
 
 @router.get("/{batch_id}/prefix_groups")
 def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    from batchinfer.jobs.output.reports import group_figures, unit_figures
+    from batchinfer.jobs.views.reports import group_figures, unit_figures
 
     service.get(ctx, batch_id, owner=owner)
     units = unit_figures(ctx, batch_id)

@@ -13,7 +13,7 @@ from batchinfer.api.errors import APIError
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, JobStatus
 from batchinfer.jobs import service
-from batchinfer.jobs.output.batch_stats import batch_stats
+from batchinfer.jobs.views.batch_stats import batch_stats
 
 router = APIRouter(prefix="/v1/dashboard")
 _CACHE_SIZE = 256

@@ -14,7 +14,7 @@ from batchinfer.context import AppContext
 from batchinfer.jobs import files
 from batchinfer.jobs.files import FileTooLarge, FileView
 from batchinfer.api.merged_content import merged_content
-from batchinfer.jobs.input.user_text import has_control
+from batchinfer.jobs.user_text import has_control
 
 router = APIRouter(prefix="/v1/files")
 MAX_FILENAME = 255
@@ -66,7 +66,7 @@ def retrieve(file_id: str, ctx: AppContext = Depends(context), owner: str = Depe
 def content(file_id: str, ctx: AppContext = Depends(context), owner: str = Depends(owner_id),
             merged: bool = False) -> StreamingResponse:
     view = files.get(ctx, owner, file_id)
-    if merged:  # ours: the batch's output with its retries' (jobs.output.merged)
+    if merged:  # ours: the batch's output with its retries' (jobs.finalize.merged)
         return merged_content(ctx, owner, file_id)
 
     def chunks():

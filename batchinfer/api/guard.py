@@ -21,7 +21,7 @@ from batchinfer.api.shared_limits import open_limits
 from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey
 from batchinfer.jobs.tenancy import tenants
-from batchinfer.jobs.input.user_text import has_control
+from batchinfer.jobs.user_text import has_control
 
 SECURITY_HEADERS = [(b"content-security-policy", b"default-src 'self'"), (b"x-frame-options", b"DENY"),
                     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]

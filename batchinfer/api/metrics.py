@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, ServiceOutage, UnitStatus, WorkUnit
-from batchinfer.jobs.live import live_total
+from batchinfer.jobs.units.live import live_total
 
 
 class _JobCollector:
@@ -82,7 +82,7 @@ class _JobCollector:
         if self.ctx.settings.embedded:
             return
         from batchinfer.cluster.registry import open_registry
-        from batchinfer.cluster.routing import SHARED_QUEUE, model_queue
+        from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue
 
         try:
             registry = open_registry(self.ctx.settings)

@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 from batchinfer.api.auth import context, owner_id
 from batchinfer.api.errors import APIError
 from batchinfer.context import AppContext
-from batchinfer.jobs.output.batch_view import batch_object
+from batchinfer.jobs.views.batch_view import batch_object
 from batchinfer.jobs.retry import create_retry
 from batchinfer.settings import parse_duration
 

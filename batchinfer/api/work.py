@@ -19,8 +19,8 @@ from batchinfer.cluster.fair_queue import open_fair_queue
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import one_line
-from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
-from batchinfer.jobs.state.validation import validation_lost
+from batchinfer.jobs.intake.validate_job import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.state.intake import validation_lost
 
 log = logging.getLogger(__name__)
 

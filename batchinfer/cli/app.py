@@ -17,7 +17,7 @@ from batchinfer.cli.render import error_line, job_table, jobs_table
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import BatchInferError, excerpt, one_line, shown
 from batchinfer.jobs import service
-from batchinfer.jobs.output.batch_view import batch_object
+from batchinfer.jobs.views.batch_view import batch_object
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None,
                   help="Batch LLM inference: hand over a JSONL file of requests, get a JSONL file of results.")
@@ -162,7 +162,7 @@ def _print_groups(ctx, job, as_json: bool, show_job: bool = True) -> None:
     """The job (unless --watch already shows it), then progress and cache hit rate per prefix group;
     with --json, per work unit too."""
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.output.reports import group_figures, unit_figures, units_json
+    from batchinfer.jobs.views.reports import group_figures, unit_figures, units_json
 
     units = unit_figures(ctx, job.id)
     groups = group_figures(units)
@@ -203,7 +203,7 @@ def _report_invalid_batch(batch: dict, as_json: bool) -> None:
 
 
 def _first_named_model(file: Path) -> str | None:
-    from batchinfer.jobs.input.validation import first_named_model
+    from batchinfer.jobs.intake.lines import first_named_model
     from batchinfer.settings import get_settings
 
     try:
@@ -418,7 +418,7 @@ def _status_view(ctx, job):
     from rich.console import Group
 
     from batchinfer.cli.render import groups_table
-    from batchinfer.jobs.output.reports import group_figures, unit_figures
+    from batchinfer.jobs.views.reports import group_figures, unit_figures
 
     groups = group_figures(unit_figures(ctx, job.id)) if job.queued_at else []
     table = job_table(_batch(ctx, job))
@@ -426,9 +426,9 @@ def _status_view(ctx, job):
 
 
 def _batch(ctx, job) -> dict:
-    """The Batch object; before the job's first request finishes, with the plan's ETA (jobs.eta)."""
-    from batchinfer.jobs.eta import batch_with_eta
-    from batchinfer.runtime.dispatch import planner_config
+    """The Batch object; before the job's first request finishes, with the plan's ETA (jobs.views.eta)."""
+    from batchinfer.jobs.views.eta import batch_with_eta
+    from batchinfer.jobs.dispatch.planning import planner_config
     from batchinfer.runtime.preview import worker_count
 
     return batch_with_eta(ctx, job, planner_config(ctx), worker_count(ctx))
@@ -436,7 +436,7 @@ def _batch(ctx, job) -> dict:
 
 def _refresh(ctx, job_id: str):
     """The job with its running units' live counts (expiry and the rest are the sweep's: workers, or `run`)."""
-    from batchinfer.jobs.live import with_live
+    from batchinfer.jobs.units.live import with_live
 
     return with_live(ctx, [service.get(ctx, job_id)])[0]
 
@@ -451,7 +451,7 @@ def list_(limit: int = typer.Option(50, min=1, help="how many jobs, newest first
     if client:
         views = client.list(limit, all_)
     else:
-        from batchinfer.jobs.live import with_live
+        from batchinfer.jobs.units.live import with_live
 
         ctx = _context()
         views = [batch_object(j) for j in with_live(ctx, service.list_jobs(ctx, limit))]

@@ -10,7 +10,7 @@ from rich.text import Text
 from batchinfer.cli.progress import eta_s
 from batchinfer.cluster.registry import WorkerState
 from batchinfer.errors import excerpt
-from batchinfer.jobs.output.reports import GroupFigures
+from batchinfer.jobs.views.reports import GroupFigures
 from batchinfer.planner import PlanEstimate
 from batchinfer.settings import Settings
 
@@ -35,7 +35,7 @@ def hit_rate(batch: dict) -> float:
 
 
 def job_table(batch: dict) -> Table:
-    """A Batch object (jobs.output.batch_view) for people. User text is data, never markup."""
+    """A Batch object (jobs.views.batch_view) for people. User text is data, never markup."""
     table = Table(show_header=False, box=None)
     counts, usage = batch["request_counts"], batch["usage"]
     table.add_row("id", literal(batch["id"]))

@@ -9,8 +9,8 @@ import typer
 from batchinfer.cli.app import _client, _context, _dispatch_soon, _run_in_process, err, friendly_errors
 from batchinfer.db.models import JobStatus
 from batchinfer.jobs import service
-from batchinfer.jobs.job_validation import validate_job
-from batchinfer.jobs.output.batch_view import batch_object
+from batchinfer.jobs.intake.validate_job import validate_job
+from batchinfer.jobs.views.batch_view import batch_object
 
 
 @friendly_errors
@@ -44,12 +44,12 @@ def merged_fetch(job_id: str):
     client = _client()
     if client is not None:
         return lambda target: client.download_merged(client.get(job_id), target)
-    from batchinfer.jobs.output.merged import merged_lines
+    from batchinfer.jobs.finalize.merged import merged_lines
 
     ctx = _context()
 
     def fetch(target: BinaryIO) -> bool:
-        for raw in merged_lines(ctx, job_id):
+        for raw in merged_lines(ctx, service.get(ctx, job_id)):
             target.write(raw)
         return True
 

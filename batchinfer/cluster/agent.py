@@ -10,7 +10,7 @@ from typing import Callable
 
 import redis
 
-from batchinfer.cluster.routing import SHARED_QUEUE
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.errors import one_line
 from batchinfer.jobs.faults import BROKER

@@ -7,7 +7,7 @@ the order is decided when a worker is free, not when the messages were sent.
 
 A message and an item are not tied together: a lost message leaves an item that the next message takes (or, for
 a validation, the sweep's `validating` recovery redoes), and a message with nothing left to take does nothing.
-Validations are idempotent (jobs.job_validation), so an item the sweep already handed on costs a no-op.
+Validations are idempotent (jobs.intake.validate_job), so an item the sweep already handed on costs a no-op.
 One Redis, not a Redis Cluster: the pop script names the chosen key's list itself."""
 from __future__ import annotations
 

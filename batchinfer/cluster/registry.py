@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from batchinfer.cluster.broker import priority_list_keys
-from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, model_queue, worker_queue
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, WorkerLoad, model_queue, worker_queue
 
 if TYPE_CHECKING:
     import redis

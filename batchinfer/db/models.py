@@ -143,7 +143,7 @@ class WorkUnit(Base):
 
 class UnitProgress(Base):
     """Live counts of a running unit's finished requests, per job: the unit's run rewrites its rows at most
-    once a second. Only the current attempt of a running unit counts (jobs.live); its commit is the truth."""
+    once a second. Only the current attempt of a running unit counts (jobs.units.live); its commit is the truth."""
 
     __tablename__ = "unit_progress"
     __table_args__ = (Index("ix_unit_progress_job", "job_id"),)

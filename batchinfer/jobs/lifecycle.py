@@ -13,9 +13,10 @@ from sqlalchemy import exists, func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
-from batchinfer.jobs.job_validation import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.intake.validate_job import ValidationDeferred, deferred_cause, validate_job
+from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending, table
-from batchinfer.jobs.state.validation import take_over_stale
+from batchinfer.jobs.state.intake import take_over_stale
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,10 @@ def sweep_jobs(ctx: AppContext, now: float | None = None, revalidate: Callable[[
     swept.revalidated = recover_validating(ctx, now, revalidate)
     swept.expired = ending.expire_overdue(ctx, now)
     for job_id in swept.expired:
-        ending.try_finalize(ctx, job_id)
+        try_finalize(ctx, job_id)
     swept.cancelled_requests = ending.close_cancelled(ctx)
     for job_id in _finalizable(ctx) + _finalize_retries(ctx, now):
-        if ending.try_finalize(ctx, job_id):
+        if try_finalize(ctx, job_id):
             swept.finalized.append(job_id)
     return swept
 

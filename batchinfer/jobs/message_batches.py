@@ -12,8 +12,8 @@ from batchinfer.db.models import Job, JobStatus, Request
 from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict, JobNotFound
 from batchinfer.jobs import record_store, service
-from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT, CreateBody, input_lines
-from batchinfer.jobs.output.anthropic_view import job_id
+from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT, CreateBody, input_lines
+from batchinfer.jobs.views.anthropic_view import job_id
 
 
 def create(ctx: AppContext, owner: str, body: CreateBody) -> Job:

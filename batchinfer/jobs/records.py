@@ -1,10 +1,11 @@
 """Records that cross a seam between stages: a request's typed identity, a prepared request (intake -> dispatch
--> units) and a unit's result lines (units -> finalize). record_store reads and writes them."""
+-> units), a unit's result lines (units -> finalize) and a validation's report (intake -> state). record_store
+reads and writes the files of them."""
 from __future__ import annotations
 
 import json
 from array import array
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 import orjson
@@ -192,3 +193,37 @@ def output_line_bytes(record: dict[str, Any]) -> bytes:
     """An output or error line of the job's files. json, not orjson: NaN and -Infinity logprobs are written as
     such, and the files stay byte for byte what they were."""
     return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+@dataclass
+class LineError:
+    """A problem validation found: its line (None: the whole file), its code, and the field."""
+
+    line: int | None
+    code: str
+    message: str
+    param: str | None = None
+    custom_id: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"line": self.line, "code": self.code, "param": self.param, "message": self.message}
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line is not None else "file"
+        return f"{where}: {self.code}: {self.message}"
+
+
+@dataclass
+class ValidationReport:
+    """What a validation run found, as the move that queues or fails the job takes it (state.intake)."""
+
+    lines: int = 0  # non-blank lines seen
+    valid: int = 0
+    error_count: int = 0
+    errors: list[LineError] = field(default_factory=list)  # the first max_errors_kept
+    file_error: bool = False  # a whole-file problem (empty, too large, too many requests, no model served)
+    model: str = ""  # the batch's model, as validation settled it
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0

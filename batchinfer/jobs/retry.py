@@ -13,11 +13,10 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.errors import InvalidRequest, JobConflict
 from batchinfer.jobs import service
-
-RETRY_OF = "retry_of"  # the metadata key naming the batch a retry came from
+from batchinfer.jobs.endpoints.fields import MAX_METADATA_PAIRS
+from batchinfer.jobs.finalize.merged import RETRY_OF
 RETRYABLE = (RequestStatus.FAILED, RequestStatus.EXPIRED, RequestStatus.CANCELLED)
 UNFINISHED_CODES: dict[str, str] = {RequestStatus.CANCELLED: "batch_cancelled", RequestStatus.EXPIRED: "batch_expired"}
-MAX_METADATA = 16
 SPOOL_BYTES = 8 * 1024 * 1024
 
 
@@ -77,4 +76,4 @@ def _copy_lines(ctx: AppContext, job: Job, wanted: set[str], target: BinaryIO) -
 
 def _metadata(job: Job) -> dict[str, str]:
     kept = {k: v for k, v in (job.metadata_ or {}).items() if k != RETRY_OF}
-    return {**dict(list(kept.items())[:MAX_METADATA - 1]), RETRY_OF: job.id}
+    return {**dict(list(kept.items())[:MAX_METADATA_PAIRS - 1]), RETRY_OF: job.id}

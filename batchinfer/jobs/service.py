@@ -12,10 +12,12 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt
 from batchinfer.jobs.tenancy import scopes
-from batchinfer.jobs import record_store, submission
-from batchinfer.jobs.job_validation import validate_job
+from batchinfer.jobs import record_store
+from batchinfer.jobs.intake import submission
+from batchinfer.jobs.intake.validate_job import validate_job
+from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending
-from batchinfer.jobs.state import validation as state
+from batchinfer.jobs.state import intake as state
 
 
 def new_job_id() -> str:
@@ -104,7 +106,7 @@ def list_jobs(ctx: AppContext, limit: int = 50, owner=ANY_OWNER, after: str | No
 def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWNER) -> Job:
     """Stop what has not started; everything finished so far is kept in the output."""
     ending.cancel(ctx, job_id, now or time.time(), lambda job: owner is ANY_OWNER or job.owner_id == owner)
-    ending.try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it
+    try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it
     return get(ctx, job_id)
 
 

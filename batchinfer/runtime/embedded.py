@@ -11,13 +11,13 @@ from batchinfer.context import AppContext
 from batchinfer.jobs.lifecycle import sweep_jobs
 from batchinfer.db.models import UnitStatus, WorkUnit
 from batchinfer.jobs.webhooks.delivery import deliver_due
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from batchinfer.runtime.engine_host import get_generator
-from batchinfer.runtime.generator import Generator
+from batchinfer.jobs.units.generator import Generator
 from batchinfer.jobs.outage import ServiceOutage
-from batchinfer.runtime.outage import UnitReleased
-from batchinfer.runtime.progress import OnResult
-from batchinfer.runtime.unit_runner import UnitOutcome, fail_unit, run_unit
+from batchinfer.jobs.units.waits import UnitReleased
+from batchinfer.jobs.units.progress import OnResult
+from batchinfer.jobs.units.runner import UnitOutcome, fail_unit, run_unit
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ import logging
 import sys
 import time
 
-from batchinfer.jobs.input.tokenizer import remember_tokenizer
+from batchinfer.jobs.intake.tokenizer import remember_tokenizer
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)

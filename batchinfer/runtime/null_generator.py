@@ -8,14 +8,14 @@ import time
 from typing import Callable, Collection, Iterable
 
 from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult, refusal
-from batchinfer.jobs.input.tokenizer import tokenizer_and_context
+from batchinfer.jobs.intake.tokenizer import tokenizer_and_context
 from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class NullGenerator:
-    """The Generator contract (runtime.generator) with no model: the same refusals as the engine, aborts
+    """The Generator contract (jobs.units.generator) with no model: the same refusals as the engine, aborts
     honoured, results in input order; every answer is the end-of-sequence token, finish_reason "length"."""
 
     description = EngineDescription("none", "the null engine runs no model")

@@ -6,11 +6,12 @@ from typing import BinaryIO
 
 from batchinfer.context import AppContext
 from batchinfer.jobs import engine_rates
-from batchinfer.jobs.eta import shape_of
+from batchinfer.jobs.views.eta import shape_of
 from batchinfer.errors import one_line
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units, sized_for
-from batchinfer.jobs.job_validation import batch_model, model_tokenizer, validation_limits
-from batchinfer.jobs.input.validation import ValidationReport, ValidLine, peek_model, unserved_model_report, validate_stream
+from batchinfer.jobs.intake.validate_job import batch_model, model_tokenizer, validation_limits
+from batchinfer.jobs.intake.lines import ValidLine, peek_model, unserved_model_report, validate_stream
+from batchinfer.jobs.records import ValidationReport
 from batchinfer.jobs.served_models import served_models
 from batchinfer.cluster.registry import WorkerState
 
@@ -39,7 +40,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
         rate = engine_rates.measured(ctx, model, [w.name for w in workers] + [engine_rates.machine_name()])
     units = plan_units(pending, sized_for(config, len(pending), len(workers)))
     estimate = estimate_plan(pending, config, workers=len(workers), units=len(units))
-    if workers:  # priced as `status` prices a batch before its first request finishes (jobs.eta)
+    if workers:  # priced as `status` prices a batch before its first request finishes (views.eta)
         estimate.estimated_run_s = shape_of(estimate, units, config.block_size).seconds(rate, len(workers))
     estimate.rate_source = rate.source
     return estimate, report
@@ -65,7 +66,7 @@ def estimate_key(estimate_id: str) -> str:
 def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState],
             rate: engine_rates.MeasuredRate | None = None) -> dict:
     """The estimate of a file as `batchinfer plan --json` prints it and the API returns it."""
-    from batchinfer.runtime.dispatch import planner_config
+    from batchinfer.jobs.dispatch.planning import planner_config
 
     estimate, report = preview(ctx, source, planner_config(ctx), workers, rate)
     return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid, "ok": report.ok,

@@ -258,7 +258,7 @@ class FaultCluster:
         return open_registry(self.settings)
 
     def submit(self, lines: list[str], **kwargs) -> str:
-        from batchinfer.cluster.routing import SHARED_QUEUE
+        from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
         from batchinfer.jobs import service
         from workers.celery_app import make_app
         from workers.tasks import DISPATCH_TASK

@@ -9,7 +9,7 @@ import signal
 import time
 
 from batchinfer.jobs import lifecycle, service
-from batchinfer.runtime.dispatch import dispatch
+from batchinfer.jobs.dispatch.planning import dispatch
 from faultlib import job_lines, pause, record_recovery, resume, wait_for, write_lines
 
 BIG = 20_000  # lines: tiny requests, so validation is all per-line work and lasts long enough to be hit

@@ -59,7 +59,7 @@ def test_sigkill_during_a_cancel_ends_cancelled(fault_cluster):
 
 
 def test_the_same_unit_delivered_twice_counts_once(fault_cluster):
-    from batchinfer.cluster.routing import SHARED_QUEUE
+    from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
     from workers.celery_app import make_app
     from workers.tasks import RUN_UNIT_TASK
 

@@ -1,4 +1,5 @@
-"""Moves that end a job: cancel, expire, close what nothing runs any more, and finalize (assemble its files).
+"""Moves that end a job: cancel, expire, close what nothing runs any more, and the moves of its finalize (claim
+it, end it once its files are assembled, or retry it later; the finalize stage drives them).
 
 Each is idempotent and safe from many processes at once: a conditional UPDATE decides who makes it.
 """
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 from typing import Callable
 
 from sqlalchemy import exists, select, update
@@ -16,11 +16,8 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import JobConflict, JobNotFound
-from batchinfer.jobs import outage
-from batchinfer.jobs.faults import service_of
-from batchinfer.jobs.output.assembly import assemble
 from batchinfer.jobs.state import table as T
-from batchinfer.jobs.state.validation import drop_requests
+from batchinfer.jobs.state.intake import drop_requests
 from batchinfer.jobs.webhooks.events import record_final
 
 log = logging.getLogger(__name__)
@@ -85,27 +82,7 @@ def close_cancelled(ctx: AppContext) -> int:
     return retrying(ctx.sessions, work)
 
 
-def try_finalize(ctx: AppContext, job_id: str) -> bool:
-    """Assemble the files once no request is open. A conditional UPDATE lets one caller at a time do it; a
-    finalize that an outage stops is tried again every outage_backoff_s until the service answers; one that
-    fails otherwise is retried by the sweep with backoff, and fails the job at the end."""
-    now = time.time()
-    claimed = retrying(ctx.sessions, lambda session: _claim_finalize(session, job_id, now))
-    if claimed is None:
-        return False
-    try:
-        retrying(ctx.sessions, lambda session: _assemble(ctx, session, job_id, claimed))
-        return True
-    except Exception as exc:  # storage or database still failing after retries: try again later
-        service = service_of(exc)
-        if service is not None:
-            outage.report_down(ctx, service, exc)
-        retrying(ctx.sessions, partial(_finalize_failed, job_id=job_id, claimed=claimed, exc=exc,
-                                       outage_s=ctx.settings.outage_backoff_s if service else None))
-        return False
-
-
-def _claim_finalize(session, job_id: str, now: float) -> tuple[bool, int] | None:
+def claim_finalize(session, job_id: str, now: float) -> tuple[bool, int] | None:
     """(cancelled?, attempts) when this caller now owns the finalize, else None."""
     open_requests = exists().where(Request.job_id == job_id, Request.status.in_(RequestStatus.OPEN))
     lease = {"finalizing_at": now, "finalize_after": now + FINALIZE_LEASE_S, "finalize_attempts": Job.finalize_attempts + 1}
@@ -118,8 +95,9 @@ def _claim_finalize(session, job_id: str, now: float) -> tuple[bool, int] | None
     return None
 
 
-def _assemble(ctx: AppContext, session: Session, job_id: str, claimed: tuple[bool, int]) -> None:
-    output_key, error_key = assemble(session, ctx.storage, job_id)
+def end_finalized(session: Session, job_id: str, claimed: tuple[bool, int], output_key: str,
+                  error_key: str | None) -> None:
+    """The job's files are assembled: it ends cancelled, expired or completed (a finalize this caller claimed)."""
     expired = session.scalar(select(exists().where(Request.job_id == job_id, Request.status == RequestStatus.EXPIRED)))
     job = session.get(Job, job_id, with_for_update=True)
     if job is None or job.status != JobStatus.FINALIZING:  # a run that took over after this one's lease ended finished it
@@ -130,7 +108,7 @@ def _assemble(ctx: AppContext, session: Session, job_id: str, claimed: tuple[boo
     record_final(session, job)
 
 
-def _finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception, outage_s: float | None = None) -> None:
+def finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Exception, outage_s: float | None = None) -> None:
     """outage_s: a service was down (not the job's fault): not counted, tried again that soon, never failed for it."""
     _, attempts = claimed
     cause = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -10,7 +10,7 @@ import socket
 from urllib.parse import SplitResult, urlsplit
 
 from batchinfer.errors import InvalidRequest
-from batchinfer.jobs.input.user_text import has_control
+from batchinfer.jobs.user_text import has_control
 
 MAX_URL = 2048
 _LOCAL_NAMES = ("localhost", ".localhost", ".local", ".internal")

@@ -1,7 +1,7 @@
-"""A `/v1/embeddings` line's body, and its output body (OpenAI's list of embedding objects).
+"""`/v1/embeddings`: a line's body, and its result body (OpenAI's list of embedding objects).
 
 The engine embeds one prompt a request: a line with several inputs carries them all (`echo["inputs"]`) and
-the unit runner splits and joins them (runtime.engine_requests)."""
+the unit runner splits and joins them (units.engine_requests)."""
 from __future__ import annotations
 
 import base64
@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.input.input_line import NonEmptyText
+from batchinfer.jobs.endpoints.fields import NonEmptyText
 
 EMBEDDINGS_URL = "/v1/embeddings"
 MAX_INPUTS = 2048  # OpenAI's limit of inputs a request
@@ -46,8 +46,11 @@ class EmbeddingsBody(BaseModel):
                 **({"inputs": inputs} if len(inputs) > 1 else {})}
 
 
-def embeddings_body(model: str, vectors: list[list[float]], prompt_tokens: int, echo: dict[str, Any] | None) -> dict:
+def result_body(model: str, results: list, echo: dict[str, Any] | None = None) -> dict:
+    """One embedding object per input's result, in input order; usage counts every input's tokens."""
     echo = echo or {}
+    vectors = [r.embedding for r in results]
+    prompt_tokens = sum(r.prompt_tokens for r in results)
     data = [{"object": "embedding", "index": k,
              "embedding": encoded(shortened(v, echo.get("dimensions")), echo.get("encoding_format", "float"))}
             for k, v in enumerate(vectors)]

@@ -1,45 +1,16 @@
-"""An OpenAI Batch input line as pydantic models: the envelope, and the body of each supported url.
-
-Each field's description is the rule a message states when the field is wrong ("temperature must be ...").
-Strings are strict (a number is not a string) and must be valid Unicode: a lone surrogate from a JSON
-escape could neither be tokenized nor stored.
-"""
+"""The sampling fields chat and completions lines share, and the engine's SamplingParams they make."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import AfterValidator, BaseModel, Field, StrictBool, StrictInt, model_validator
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import MAX_SEED, MIN_SEED, SamplingParams
+from batchinfer.jobs.endpoints.fields import MAX_LOGIT_BIAS, MAX_N, MAX_STOP, MaxTokens, NonEmptyText, Number
 
-Url = Literal["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"]  # bodies: jobs.input.bodies
-SUPPORTED_URLS: tuple[str, ...] = get_args(Url)
-CHAT_URL, COMPLETIONS_URL = SUPPORTED_URLS[:2]
-Role = Literal["system", "user", "assistant", "developer"]
-ROLES = get_args(Role)
-MAX_STOP = 4
-CUSTOM_ID_MAX_CHARS = 512  # the requests.custom_id column
-MAX_TOP_LOGPROBS = 20
-MAX_LOGIT_BIAS = 300  # entries, as OpenAI
-MAX_N = 16  # samples a line may ask for: the prompt is computed once, each sample decodes on its own
 UNSUPPORTED = "absent (this server runs no tools, functions, audio or images)"
-
-
-def _unicode(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PydanticCustomError("invalid_field", "must be valid Unicode (it holds a lone surrogate)") from None
-    return text
-
-
-def _no_nul(text: str) -> str:
-    if "\x00" in text:
-        raise PydanticCustomError("invalid_field", "must not contain a NUL character")
-    return text
 
 
 def _response_format(value: dict) -> dict:
@@ -52,44 +23,11 @@ def _response_format(value: dict) -> dict:
     return value
 
 
-Text = Annotated[StrictStr, AfterValidator(_unicode)]
-NonEmptyText = Annotated[Text, Field(min_length=1)]
-Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-CustomId = Annotated[StrictStr, Field(min_length=1, max_length=CUSTOM_ID_MAX_CHARS), AfterValidator(_unicode),
-                     AfterValidator(_no_nul)]
-
-
-class InputLine(BaseModel):
-    """One line's envelope; its body is checked by the model of its url (BODIES)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    custom_id: CustomId = Field(description=f"a non-empty string of at most {CUSTOM_ID_MAX_CHARS} characters")
-    method: Literal["POST"] = Field(description="POST")
-    url: Url = Field(description=f"one of {', '.join(SUPPORTED_URLS)}")
-    body: dict[str, Any] = Field(description="an object")
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: Text
-
-
-class ChatMessage(BaseModel):
-    role: Role = Field(description=f"one of {', '.join(ROLES)}")
-    content: Text | list[TextPart] = Field(description="a string or a list of text parts")
-
-    def for_template(self) -> dict[str, str]:
-        role = "system" if self.role == "developer" else self.role
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": role, "content": content}
-
-
 class Sampling(BaseModel):
     """The sampling fields both bodies share; None (or absent) means the default."""
 
-    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
-    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
+    max_tokens: MaxTokens | None = Field(None, description="an integer >= 1")
+    max_completion_tokens: MaxTokens | None = Field(None, description="an integer >= 1")
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = Field(None, description="an integer >= 0 (or -1: no cut)")
@@ -170,46 +108,3 @@ class Sampling(BaseModel):
     def top_logprob_count(self) -> int | None:
         """None: no logprobs; k: the sampled token's logprob and the k most likely (each body reads its own fields)."""
         raise NotImplementedError
-
-
-class ChatBody(Sampling):
-    PROMPT_FIELD: ClassVar[str] = "messages"
-
-    messages: list[ChatMessage] = Field(min_length=1, description="a non-empty array of messages")
-    logprobs: StrictBool | None = Field(
-        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
-    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
-        None, description=f"an integer in [0, {MAX_TOP_LOGPROBS}], with logprobs: true")
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _needs_logprobs(cls, value, info: ValidationInfo):
-        if value is not None and info.data.get("logprobs") is not True:
-            raise PydanticCustomError("invalid_field", "needs logprobs: true")
-        return value
-
-    def top_logprob_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    def prompt_text(self, tokenizer) -> str:
-        messages = [m.for_template() for m in self.messages]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-class CompletionBody(Sampling):
-    PROMPT_FIELD: ClassVar[str] = "prompt"
-
-    prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)] = Field(
-        description="a non-empty string (or a list of one)")
-    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = Field(
-        None, description=f"true or false (chat), an integer in [0, {MAX_TOP_LOGPROBS}] (completions)")
-
-    def top_logprob_count(self) -> int | None:
-        return self.logprobs
-
-    def prompt_text(self, tokenizer) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-
-
-BODIES: dict[str, type[ChatBody] | type[CompletionBody]] = {CHAT_URL: ChatBody, COMPLETIONS_URL: CompletionBody}
-MODELS = (InputLine, ChatMessage, ChatBody, CompletionBody)

@@ -13,36 +13,21 @@ from typing import BinaryIO, Callable, Iterable, TypeVar, cast
 from pydantic import BaseModel, ValidationError
 
 from batchinfer.errors import excerpt, shown
-from batchinfer.jobs.input.bodies import BODIES, Body
-from batchinfer.jobs.input.input_line import InputLine, Sampling
-from batchinfer.jobs.input.embeddings_line import EMBEDDINGS_URL, EmbeddingsBody
-from batchinfer.jobs.input.responses_line import ResponsesBody
-from batchinfer.jobs.input.line_problems import Problem, first, one_per_param, problems
-from batchinfer.jobs.records import PreparedRequest
+from batchinfer.jobs.endpoints.batch_line import InputLine
+from batchinfer.jobs.endpoints.embeddings import EMBEDDINGS_URL, EmbeddingsBody
+from batchinfer.jobs.endpoints.kinds import BODIES, Body
+from batchinfer.jobs.endpoints.responses import ResponsesBody
+from batchinfer.jobs.endpoints.sampling import Sampling
+from batchinfer.jobs.intake.line_problems import Problem, first, one_per_param, problems
+from batchinfer.jobs.records import LineError, PreparedRequest, ValidationReport
+from batchinfer.jobs.served_models import not_served
 from batchinfer.settings import Settings
 
-__all__ = ["PreparedRequest", "ValidLine", "LineError", "ValidationLimits", "ValidationReport", "validate_stream"]
 M = TypeVar("M", bound=BaseModel)
 
 CODES = ("invalid_json_line", "invalid_utf8", "not_an_object", "missing_field", "invalid_field",
          "duplicate_custom_id", "unsupported_url", "model_not_found", "empty_file", "too_many_requests",
          "line_too_long", "file_too_large", "context_length_exceeded", "mismatched_model")
-
-
-@dataclass
-class LineError:
-    line: int | None
-    code: str
-    message: str
-    param: str | None = None
-    custom_id: str | None = None
-
-    def to_dict(self) -> dict:
-        return {"line": self.line, "code": self.code, "param": self.param, "message": self.message}
-
-    def __str__(self) -> str:
-        where = f"line {self.line}" if self.line is not None else "file"
-        return f"{where}: {self.code}: {self.message}"
 
 
 @dataclass
@@ -72,20 +57,6 @@ class ValidationLimits:
     endpoint: str | None = None  # the batch's (None: a file submitted without one)
     served_models: tuple[str, ...] = ()  # every model the fleet serves, for the errors of lines naming another
     sampling_defaults: dict = field(default_factory=dict)  # the checkpoint's generation_config.json defaults
-
-
-@dataclass
-class ValidationReport:
-    lines: int = 0  # non-blank lines seen
-    valid: int = 0
-    error_count: int = 0
-    errors: list[LineError] = field(default_factory=list)  # the first max_errors_kept
-    file_error: bool = False  # a whole-file problem (empty, too large, too many requests, no model served)
-    model: str = ""  # the batch's model, as validation settled it
-
-    @property
-    def ok(self) -> bool:
-        return self.error_count == 0
 
 
 def _read_lines(stream: BinaryIO, limits: ValidationLimits, report: ValidationReport, on_error):
@@ -163,12 +134,6 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
         report.file_error = True
         record(LineError(None, "empty_file", "the file has no requests"))
     return report
-
-
-def not_served(model, served: Iterable[str]) -> str:
-    """The one line a batch (or a line) naming a model nobody serves fails with: the served ones listed."""
-    names = ", ".join(repr(m) for m in served) or "none"
-    return f"model {shown(model)} is not served here (served: {names})"
 
 
 def unserved_model_report(model, served: Iterable[str]) -> ValidationReport:

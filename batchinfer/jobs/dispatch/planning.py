@@ -22,8 +22,7 @@ from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.db.session import retrying
 from batchinfer.planner import PendingRequest, PlannerConfig, UnitPlan, plan_units, sized_for
 from batchinfer.planner.fairness import service_levels
-from batchinfer.cluster.broker import broker_priority
-from batchinfer.cluster.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, WorkerLoad, choose_queue, model_queue, route_units
 from batchinfer.jobs.records import PreparedRequest, UnitRequest
 from batchinfer.jobs.state import units
 
@@ -33,12 +32,7 @@ class DispatchedUnit:
     unit_id: str
     queue: str
     num_requests: int
-    level: int = 0  # service level, 0 runs first
-
-    @property
-    def priority(self) -> int:
-        """The broker priority step of the level; mapped on send, so `batchinfer run` never imports kombu."""
-        return broker_priority(self.level)
+    level: int = 0  # service level, 0 runs first (the sender maps it onto the broker's priority steps)
 
 
 def planner_config(ctx: AppContext) -> PlannerConfig:

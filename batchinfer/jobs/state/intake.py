@@ -17,7 +17,7 @@ from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import excerpt
 from batchinfer.jobs import record_store
 from batchinfer.jobs.state import table as T
-from batchinfer.jobs.input.validation import ValidationReport
+from batchinfer.jobs.records import ValidationReport
 from batchinfer.jobs.webhooks.events import record_final
 
 

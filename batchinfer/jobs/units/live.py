@@ -1,6 +1,6 @@
 """Live request counts: what running units report between commits, added to a job's committed counts.
 
-A unit's run rewrites its unit_progress rows at most once a second (runtime.progress). Only rows of the
+A unit's run rewrites its unit_progress rows at most once a second (units.progress). Only rows of the
 unit's current attempt while it runs count: a rerun's earlier attempt is ignored, and once the unit
 commits (done) its figures are in the job's own counts, so the live figures settle onto the committed ones.
 """

@@ -14,7 +14,7 @@ from batchinfer.errors import one_line
 from batchinfer.db.models import JobStatus
 from batchinfer.jobs import engine_rates, record_store
 from batchinfer.db.models import Job
-from batchinfer.jobs.output.batch_view import batch_object
+from batchinfer.jobs.views.batch_view import batch_object
 from batchinfer.planner import PlanEstimate, PlannerConfig, UnitPlan, estimate_plan, plan_units, sized_for
 from batchinfer.planner.prefix_tree import PrefixTree, gc_paused
 

@@ -5,9 +5,9 @@ is worth routing (non-empty prefix_key) goes to the own queue of the worker that
 one that has run the group before, else a sticky choice made here (least loaded, ties broken by
 rendezvous hashing of the key, so every dispatcher picks the same worker). Load spills a group to
 a second worker rather than letting one queue grow while another is empty; runtime imbalance is
-fixed by idle workers stealing from busy workers' queues (worker_registry.steal_one), and a dead
+fixed by idle workers stealing from busy workers' queues (cluster.registry.steal_one), and a dead
 worker's queue is drained to its model's queue (reaper). Each model's units are routed among the
-workers of that model only (runtime.dispatch), and go to model_queue rather than the shared queue.
+workers of that model only (dispatch.planning), and go to model_queue rather than the shared queue.
 """
 from __future__ import annotations
 

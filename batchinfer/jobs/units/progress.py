@@ -25,9 +25,10 @@ from batchinfer.db.session import retrying
 from batchinfer.engine.types import GenerationResult
 from batchinfer.errors import one_line
 from batchinfer.jobs import engine_rates
+from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending, units
 from batchinfer.jobs.records import RequestKey, UnitRequest
-from batchinfer.runtime.engine_requests import EngineRequests
+from batchinfer.jobs.units.engine_requests import EngineRequests
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +181,7 @@ class UnitWatch:
         closed = units.stop_running(self.ctx, self.unit_id, self.attempt, job_id, [key.index for key in keys],
                                     expired=why == RequestStatus.EXPIRED)
         log.info("unit %s: %d requests of job %s stopped (%s)", self.unit_id, closed, job_id, why)
-        ending.try_finalize(self.ctx, job_id)
+        try_finalize(self.ctx, job_id)
 
     # after the commit ------------------------------------------------------------------------------------
 

@@ -10,16 +10,17 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Callable
 
-from batchinfer.jobs.output import formats
+from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationResult
 from batchinfer.jobs.records import Origin, RequestKey, UnitRequest, UnitResult
-from batchinfer.jobs.state import ending, units
-from batchinfer.runtime import outage
-from batchinfer.runtime.engine_requests import EngineRequests
-from batchinfer.runtime.generator import Generator
-from batchinfer.runtime.progress import OnResult, UnitWatch
+from batchinfer.jobs.finalize.finalize import try_finalize
+from batchinfer.jobs.state import units
+from batchinfer.jobs.units import waits as outage
+from batchinfer.jobs.units.engine_requests import EngineRequests
+from batchinfer.jobs.units.generator import Generator
+from batchinfer.jobs.units.progress import OnResult, UnitWatch
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     if outcome.committed:
         jobs = sorted(({key.job_id for key in to_run} | outcome.jobs) - outcome.unfinished_jobs)
         # the fast path to a finished job; the sweep finalizes whatever this misses (a crash, storage down)
-        outcome.finalized_jobs = tuple(j for j in jobs if ending.try_finalize(ctx, j))
+        outcome.finalized_jobs = tuple(j for j in jobs if try_finalize(ctx, j))
     return outcome
 
 
@@ -120,9 +121,7 @@ def _run_batch(requests: list[Running], generator: Generator, worker: str, on_re
             records[key] = _error_record(r, origin, "invalid_request", error[:500])
             continue
         p = r.request
-        line = (formats.embeddings_output_line(key.job_id, key.index, origin.custom_id, p.model, found, worker, p.echo)
-                if p.sampling.embed else
-                formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found[0], worker, p.echo))
+        line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, worker, p.echo)
         line["metrics"].update(described)
         records[key] = UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
                                   sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
@@ -161,6 +160,6 @@ def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:
     if outcome.committed:
         log.error("unit %s failed for good: %d requests fail with server_error (%s)", unit_id, len(records), cause)
         for job_id in sorted({key.job_id for key in records}):
-            ending.try_finalize(ctx, job_id)
+            try_finalize(ctx, job_id)
     return outcome
 

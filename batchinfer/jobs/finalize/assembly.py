@@ -16,7 +16,7 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from batchinfer.jobs.output import formats
+from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.db.models import Request, RequestStatus, WorkUnit
 from batchinfer.jobs.records import ResultLine

@@ -10,8 +10,8 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError
-from batchinfer.jobs import service
-from batchinfer.jobs.retry import RETRY_OF
+
+RETRY_OF = "retry_of"  # the metadata key naming the batch a retry came from (jobs.retry)
 
 
 def family(ctx: AppContext, job: Job) -> list[Job]:
@@ -32,10 +32,14 @@ def family(ctx: AppContext, job: Job) -> list[Job]:
     return sorted(found.values(), key=lambda j: (j.created_at, j.id))
 
 
-def merged_lines(ctx: AppContext, job_id: str, owner=service.ANY_OWNER) -> Iterator[bytes]:
-    job = service.get(ctx, job_id, owner=owner)
+def merged_lines(ctx: AppContext, job: Job) -> Iterator[bytes]:
+    """The job's file with its retries'; raises at once (not at the first line) when the job is still running."""
     if job.status not in JobStatus.TERMINAL:
-        raise BatchInferError(f"job {job_id} is {job.status}; its results are ready when it is completed")
+        raise BatchInferError(f"job {job.id} is {job.status}; its results are ready when it is completed")
+    return _merged(ctx, job)
+
+
+def _merged(ctx: AppContext, job: Job) -> Iterator[bytes]:
     jobs = [j for j in family(ctx, job) if j.status in JobStatus.TERMINAL]
     success, error = _winners(ctx, jobs)
     for n, j in enumerate(jobs):

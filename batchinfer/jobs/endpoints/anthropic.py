@@ -1,6 +1,6 @@
-"""A Message Batches create body (Anthropic's shape), checked whole as Anthropic does, and turned into our
-own chat input lines so the job system underneath (validation, grouping, units, webhooks) is the one for
-every batch."""
+"""Anthropic's Message Batches: a create body, checked whole as Anthropic does and turned into our own chat input
+lines (so the job system underneath is the one for every batch), and a result as Anthropic's (a Message, or why
+there is none)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from batchinfer.errors import InvalidRequest, shown
-from batchinfer.jobs.input.input_line import CHAT_URL, MAX_STOP, NonEmptyText, Number, Text
+from batchinfer.jobs.endpoints.chat import CHAT_URL
+from batchinfer.jobs.endpoints.fields import MAX_STOP, MaxTokens, NonEmptyText, Number, Text
 
 MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint column of a job made through the Message Batches API
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # Anthropic's rule
@@ -40,7 +41,7 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: NonEmptyText
-    max_tokens: Annotated[StrictInt, Field(ge=1)]
+    max_tokens: MaxTokens
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Text | list[TextBlock] | None = None
     temperature: Annotated[Number, Field(ge=0, le=1)] | None = None
@@ -128,3 +129,44 @@ def input_lines(body: CreateBody) -> bytes:
     lines = [json.dumps({"custom_id": r.custom_id, "method": "POST", "url": CHAT_URL, "body": r.params.chat_body()},
                         ensure_ascii=False, separators=(",", ":")) for r in body.requests]
     return ("\n".join(lines) + "\n").encode()
+
+
+# ---- results ----------------------------------------------------------------------------------------------
+
+UNFINISHED = {"batch_cancelled": "canceled", "batch_expired": "expired"}
+ERROR_TYPES = {"model_not_found": "not_found_error", "server_error": "api_error"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def result(entry: dict) -> dict:
+    """An output or error line of ours as an Anthropic result."""
+    if entry.get("response"):
+        return {"type": "succeeded", "message": message(entry["response"]["body"])}
+    error = entry["error"]
+    if error["code"] in UNFINISHED:
+        return {"type": UNFINISHED[error["code"]]}
+    return errored(ERROR_TYPES.get(error["code"], "invalid_request_error"), f"{error['code']}: {error['message']}")
+
+
+def errored(kind: str, text: str) -> dict:
+    return {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": text}}}
+
+
+def message(body: dict) -> dict:
+    """A chat.completion body as Anthropic's Message: input_tokens count the prompt tokens not read from the
+    prefix cache, as Anthropic's do."""
+    choice, usage = body["choices"][0], body["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"id": "msg_" + body["id"].removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
+            "model": body["model"], "content": [{"type": "text", "text": choice["message"]["content"]}],
+            **stop(choice),
+            "usage": {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
+                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
+
+
+def stop(choice: dict) -> dict:
+    """A stop string the sample ended on (the choice's stop_reason, vLLM's field) is Anthropic's stop_sequence."""
+    matched = choice.get("stop_reason")
+    if choice["finish_reason"] == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None}

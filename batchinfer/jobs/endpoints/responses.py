@@ -1,15 +1,17 @@
-"""A `/v1/responses` line's body: text input (a string or message items), instructions and sampling.
-What we do not serve (tools, reasoning, previous_response_id, images) is refused by name, per line."""
+"""`/v1/responses`: a line's body (text input as a string or message items, instructions and sampling), and its
+result body (a Response). What we do not serve (tools, reasoning, previous_response_id, images) is refused by
+name, per line."""
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.input.input_line import ROLES, NonEmptyText, Number, Role, Text
+from batchinfer.jobs.endpoints.fields import (MAX_METADATA_PAIRS, MAX_METADATA_VALUE, ROLES, MaxTokens, NonEmptyText,
+                                              Number, Role, Text, template_message)
 
 RESPONSES_URL = "/v1/responses"
 NOT_SUPPORTED = "absent (not supported here)"
@@ -41,10 +43,6 @@ class InputMessage(BaseModel):
     role: Role = Field(description=f"one of {', '.join(ROLES)}")
     content: Text | list[InputText] = Field(description="a string or a list of text parts")
 
-    def for_template(self) -> dict[str, str]:
-        role = "system" if self.role == "developer" else self.role
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": role, "content": content}
 
 
 class ResponsesBody(BaseModel):
@@ -54,11 +52,12 @@ class ResponsesBody(BaseModel):
     input: NonEmptyText | Annotated[list[InputMessage], Field(min_length=1)] = Field(
         description="a non-empty string or a non-empty array of message items")
     instructions: Text | None = Field(None, description="a string")
-    max_output_tokens: Annotated[StrictInt, Field(ge=1)] | None = Field(None, description="an integer >= 1")
+    max_output_tokens: MaxTokens | None = Field(None, description="an integer >= 1")
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
-    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = Field(
-        None, description="an object of at most 16 string values")
+    metadata: Annotated[dict[str, Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
+                        Field(max_length=MAX_METADATA_PAIRS)] | None = Field(
+        None, description=f"an object of at most {MAX_METADATA_PAIRS} string values")
     tools: None = Field(None, description=NOT_SUPPORTED)
     tool_choice: None = Field(None, description=NOT_SUPPORTED)
     reasoning: None = Field(None, description=NOT_SUPPORTED)
@@ -73,7 +72,7 @@ class ResponsesBody(BaseModel):
     def prompt_text(self, tokenizer) -> str:
         items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
         messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + [
-            m.for_template() for m in items]
+            template_message(m.role, m.content) for m in items]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
     def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
@@ -106,7 +105,7 @@ class ResponsesBody(BaseModel):
                 "text": {"format": self.text_format()}}
 
 
-def response_body(rid: str, model: str, result, echo: dict[str, Any] | None) -> dict:
+def result_body(rid: str, model: str, result, echo: dict[str, Any] | None = None) -> dict:
     """A Response object (`openai.types.responses.Response`) holding one assistant message."""
     echo = echo or {}
     incomplete = result.finish_reason == "length"

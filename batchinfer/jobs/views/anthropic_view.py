@@ -1,5 +1,5 @@
 """A job as Anthropic's Message Batch, and its results as Anthropic's JSONL: our lifecycle mapped onto
-processing_status and request_counts, our output and error lines onto succeeded / errored / canceled / expired."""
+processing_status and request_counts, each request's line onto its result (endpoints.anthropic)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
+from batchinfer.jobs.endpoints import anthropic
 
 ID_PREFIX, JOB_PREFIX = "msgbatch_", "batch_"
 STATUS: dict[str, str] = {JobStatus.CANCELLING: "canceling", **{s: "ended" for s in JobStatus.TERMINAL}}
@@ -17,9 +18,6 @@ COUNTED: dict[str, str] = {RequestStatus.COMPLETED: "succeeded", RequestStatus.F
            RequestStatus.CANCELLED: "canceled", RequestStatus.EXPIRED: "expired"}
 # a request never reported by a unit (its batch ended in validation) ends as its batch did
 UNREPORTED: dict[str, str] = {JobStatus.CANCELLED: "canceled", JobStatus.EXPIRED: "expired"}
-UNFINISHED = {"batch_cancelled": "canceled", "batch_expired": "expired"}
-ERROR_TYPES = {"model_not_found": "not_found_error", "server_error": "api_error"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def message_batch_id(job_id: str) -> str:
@@ -75,47 +73,14 @@ def results(ctx: AppContext, job: Job) -> Iterator[bytes]:
                 if entry.get("custom_id") is None or entry["custom_id"] in seen:
                     continue
                 seen.add(entry["custom_id"])
-                yield _dumps({"custom_id": entry["custom_id"], "result": result(entry)})
+                yield _dumps({"custom_id": entry["custom_id"], "result": anthropic.result(entry)})
     unreported = UNREPORTED.get(job.status)
     for raw in _lines(ctx, job.input_key or ""):
         custom_id = json.loads(raw)["custom_id"]
         if custom_id not in seen:
             seen.add(custom_id)
             yield _dumps({"custom_id": custom_id, "result": {"type": unreported} if unreported else
-                          _errored("api_error", "the request ended without a result")})
-
-
-def result(entry: dict) -> dict:
-    if entry.get("response"):
-        return {"type": "succeeded", "message": message(entry["response"]["body"])}
-    error = entry["error"]
-    if error["code"] in UNFINISHED:
-        return {"type": UNFINISHED[error["code"]]}
-    return _errored(ERROR_TYPES.get(error["code"], "invalid_request_error"), f"{error['code']}: {error['message']}")
-
-
-def _errored(kind: str, text: str) -> dict:
-    return {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": text}}}
-
-
-def message(body: dict) -> dict:
-    """A chat.completion body as Anthropic's Message: input_tokens count the prompt tokens not read from the
-    prefix cache, as Anthropic's do."""
-    choice, usage = body["choices"][0], body["usage"]
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"id": "msg_" + body["id"].removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
-            "model": body["model"], "content": [{"type": "text", "text": choice["message"]["content"]}],
-            **stop(choice),
-            "usage": {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
-                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
-
-
-def stop(choice: dict) -> dict:
-    """A stop string the sample ended on (the choice's stop_reason, vLLM's field) is Anthropic's stop_sequence."""
-    matched = choice.get("stop_reason")
-    if choice["finish_reason"] == "stop" and isinstance(matched, str):
-        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
-    return {"stop_reason": STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None}
+                          anthropic.errored("api_error", "the request ended without a result")})
 
 
 def _lines(ctx: AppContext, key: str) -> Iterator[bytes]:

@@ -7,15 +7,13 @@ from sqlalchemy import func, select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import InvalidRequest, TooManyActive, shown
+from batchinfer.jobs.endpoints.fields import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE
 from batchinfer.jobs.served_models import not_served, served_models
 from batchinfer.jobs.webhooks import events as webhook_events
-from batchinfer.jobs.input.user_text import has_control
+from batchinfer.jobs.user_text import has_control
 from batchinfer.jobs.webhooks.target import check_url
 from batchinfer.settings import parse_duration
 
-MAX_METADATA_PAIRS = 16
-MAX_METADATA_KEY = 64
-MAX_METADATA_VALUE = 512
 
 
 def check_model(ctx: AppContext, model: str | None) -> str:

@@ -15,14 +15,15 @@ from typing import Callable
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
 from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
-from batchinfer.jobs.output import formats
+from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.jobs.faults import is_transient, service_of
-from batchinfer.jobs.state import ending, validation as state
-from batchinfer.jobs.input.anthropic_params import MESSAGES_ENDPOINT
-from batchinfer.jobs.input.tokenizer import sampling_defaults, tokenizer_and_context
-from batchinfer.jobs.input.validation import (LineError, ValidationLimits, ValidationReport, ValidLine, peek_model,
-                                              unserved_model_report, validate_stream)
+from batchinfer.jobs.finalize.finalize import try_finalize
+from batchinfer.jobs.state import intake as state
+from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT
+from batchinfer.jobs.intake.tokenizer import sampling_defaults, tokenizer_and_context
+from batchinfer.jobs.intake.lines import ValidationLimits, ValidLine, peek_model, unserved_model_report, validate_stream
+from batchinfer.jobs.records import LineError, ValidationReport
 from batchinfer.jobs.served_models import ServedModel, model_settings, served_models
 from batchinfer.settings import Settings
 
@@ -64,7 +65,7 @@ def _validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | No
     if job.status == JobStatus.IN_PROGRESS or (job.status == JobStatus.QUEUED and ctx.settings.stream_dispatch):
         # streamed: its units ran before the queue move, maybe all of them (QUEUED too: a unit that started while
         # the move held the job row is not seen by it)
-        ending.try_finalize(ctx, job_id)
+        try_finalize(ctx, job_id)
     return job
 
 

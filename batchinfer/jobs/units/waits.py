@@ -4,8 +4,8 @@ holding the unit's results in memory; a unit still blocked past outage_retry_s i
 Released means: back to queued, its requests back to planned, its results dropped (regenerating a unit
 costs less than a local spool that another worker could not read), and the run not counted as a failure.
 The sweep sends it again once the service answers (cluster.sweep). When the database itself is the one
-down, the release cannot be written: the run leaves a note in the broker's Redis instead, and the sweep
-releases the unit from it once the database is back.
+down, the release cannot be written: UnitReleased says so (recorded False), and the worker leaves a note in
+the broker's Redis instead, from which the sweep releases the unit once the database is back.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ T = TypeVar("T")
 class UnitReleased(Exception):
     """The unit went back to the queue unfinished: a service it needs stayed down (nothing failed)."""
 
-    def __init__(self, unit_id: str, service: str, recorded: bool):
+    def __init__(self, unit_id: str, attempt: int, service: str, recorded: bool):
         super().__init__(f"unit {unit_id} released: {service} unreachable for longer than the retry bound")
-        self.unit_id, self.service, self.recorded = unit_id, service, recorded
+        self.unit_id, self.attempt, self.service, self.recorded = unit_id, attempt, service, recorded
 
 
 def start_step(ctx: AppContext, unit_id: str, step: Callable[[], T]) -> T:
@@ -53,11 +53,12 @@ class UnitSteps:
         try:
             return outage.wait_out(self.ctx, service, step, f"unit {self.unit_id}: {what}")
         except outage.ServiceOutage as exc:
-            raise UnitReleased(self.unit_id, exc.service, release(self.ctx, self.unit_id, self.attempt, exc)) from exc
+            recorded = release(self.ctx, self.unit_id, self.attempt, exc)
+            raise UnitReleased(self.unit_id, self.attempt, exc.service, recorded) from exc
 
 
 def release(ctx: AppContext, unit_id: str, attempt: int, exc: outage.ServiceOutage) -> bool:
-    """Record the release; True when the database took it, else a note for the sweep (False)."""
+    """Record the release; True when the database took it (False: the caller leaves a note for the sweep)."""
     cause = f"waiting for {exc.service}: {one_line(exc.cause)}"
     try:
         if units.release_unit(ctx, unit_id, attempt, exc.service, cause):
@@ -67,17 +68,5 @@ def release(ctx: AppContext, unit_id: str, attempt: int, exc: outage.ServiceOuta
     except Exception as again:
         if service_of(again) is None:
             raise
-    _note_for_the_sweep(ctx, unit_id, attempt, exc.service)
     log.warning("unit %s did not commit (%s down); the sweep releases it once the database is back", unit_id, exc.service)
     return False
-
-
-def _note_for_the_sweep(ctx: AppContext, unit_id: str, attempt: int, service: str) -> None:
-    if ctx.settings.embedded:
-        return
-    from batchinfer.cluster.registry import open_registry
-
-    try:
-        open_registry(ctx.settings).note_released(unit_id, attempt, service)
-    except Exception as exc:  # the broker down too: the sweep reruns the unit as lost (one attempt counted)
-        log.warning("unit %s: could not leave its release for the sweep: %s", unit_id, one_line(exc))

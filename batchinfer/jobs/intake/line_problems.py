@@ -8,13 +8,14 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from batchinfer.errors import shown
-from batchinfer.jobs.input.bodies import MODELS
+from batchinfer.jobs.endpoints.batch_line import InputLine
+from batchinfer.jobs.endpoints.kinds import MODELS
 
 # pydantic's error type -> our code (our own validators raise with our code as the type); else FIELD_CODES
 ERROR_CODES = {"missing": "missing_field", "invalid_field": "invalid_field"}
 FIELD_CODES = {"url": "unsupported_url"}  # any other field that is wrong is an invalid_field
 OBJECT_TYPES = ("model_type", "model_attributes_type", "dict_type")
-RULES = {name: info.description for model in MODELS for name, info in model.model_fields.items()}
+RULES = {name: info.description for model in (InputLine, *MODELS) for name, info in model.model_fields.items()}
 
 
 @dataclass(frozen=True)
