@@ -210,7 +210,9 @@ def _submit_and_dispatch(ctx, jobs: list[str], scopes: int = 1) -> list[str]:
     from batchinfer.jobs import service
     from workers.celery_app import make_app
     from batchinfer.cluster.broker import broker_priority
-    from workers.tasks import RUN_UNIT_TASK, dispatch_units
+    from batchinfer.cluster.registry import open_registry
+    from batchinfer.jobs.dispatch.planning import dispatch
+    from workers.tasks import RUN_UNIT_TASK
 
     def tenant(j: int):
         if scopes == 1:
@@ -219,7 +221,8 @@ def _submit_and_dispatch(ctx, jobs: list[str], scopes: int = 1) -> list[str]:
 
     job_ids = [service.submit(tenant(j), io.BytesIO(text.encode()), f"job{j}.jsonl").id for j, text in enumerate(jobs)]
     app = make_app(ctx.settings)
-    for unit in dispatch_units(ctx):
+    loads = open_registry(ctx.settings).loads()
+    for unit in dispatch(ctx, [w.name for w in loads], worker_loads=loads):
         app.send_task(RUN_UNIT_TASK, args=[unit.unit_id], queue=unit.queue, priority=broker_priority(unit.level))
     return job_ids
 

@@ -146,10 +146,36 @@ def test_a_request_no_live_unit_holds_goes_back_to_pending_and_the_job_completes
         conn.delete(key)
 
 
+class _Sender:
+    """A dispatch round's sender that records what it is asked to send (no broker)."""
+
+    def __init__(self, on_unit=None):
+        self.sent: list[str] = []
+        self.rounds: list[tuple[int, float | None]] = []
+        self.on_unit = on_unit
+
+    def unit(self, unit_id, queue, level=None, priority=None):
+        self.sent.append(unit_id)
+        if self.on_unit is not None:
+            self.on_unit(unit_id)
+
+    def dispatch(self, round_no=0, countdown=None):
+        self.rounds.append((round_no, countdown))
+
+    def validation(self, job_id):
+        raise AssertionError("a dispatch round validates nothing")
+
+
+def _round(ctx, sender, round_no=None, incarnation="inc-1"):
+    """A dispatch round planning units of 4 requests on no worker (the unit shape the assertions count)."""
+    from batchinfer.runtime.commands.dispatch_round import DispatchRound
+
+    return DispatchRound(ctx, sender, incarnation, round_no, plan=lambda on_units, max_units: dispatch(
+        ctx, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
+
+
 def test_a_dispatch_keeps_its_lock_while_it_runs_and_stops_once_another_holds_it(make_context, redis_server,
                                                                                 monkeypatch, tiny_model):
-    from workers import tasks
-
     ctx = make_context(model=tiny_model, broker_url=f"{redis_server}/0", broker_prefix=f"lk-{uuid.uuid4().hex[:8]}:")
     submit_lines(ctx, _lines(40))
     key = WorkerRegistry(redis.Redis.from_url(redis_server), ctx.settings.broker_prefix).dispatch_key()
@@ -159,27 +185,25 @@ def test_a_dispatch_keeps_its_lock_while_it_runs_and_stops_once_another_holds_it
     monkeypatch.setattr(WorkerRegistry, "dispatch_lock",
                         lambda self, wait_s=120.0: self.conn.lock(self.dispatch_key(), timeout=2, blocking_timeout=2))
     monkeypatch.setattr(dispatch_module, "UNITS_PER_COMMIT", 2)
-    monkeypatch.setattr(tasks, "dispatch_units", lambda c, on_units, max_units: dispatch(
-        c, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
     conn = redis.Redis.from_url(redis_server)
     seen: list[bytes | None] = []
 
-    def slow_send(batch):
-        time.sleep(0.8)
-        seen.append(conn.get(key))
+    def slow_send(unit_id):
+        if len(slow.sent) % 2:  # once a batch (2 units)
+            time.sleep(0.8)
+            seen.append(conn.get(key))
 
-    monkeypatch.setattr(tasks, "send_units", slow_send)
-    assert tasks.dispatch_and_send(ctx, "inc-1") == 10  # 5 batches, 4 s: twice the lock's timeout
+    slow = _Sender(slow_send)
+    assert _round(ctx, slow).run() == 10  # 5 batches, 4 s: twice the lock's timeout
     assert seen == [b"inc-1"] * 5  # renewed at each batch, never lost
     monkeypatch.setattr(WorkerRegistry, "dispatch_lock", real_lock)
 
     second = submit_lines(ctx, _lines(40))
 
-    def taken_over(batch):  # the lock expired and the sweep's dispatcher took it
+    def taken_over(unit_id):  # the lock expired and the sweep's dispatcher took it
         conn.set(key, "inc-2")
 
-    monkeypatch.setattr(tasks, "send_units", taken_over)
-    assert tasks.dispatch_and_send(ctx, "inc-1") == 2  # stops after the batch it sent
+    assert _round(ctx, _Sender(taken_over)).run() == 2  # stops after the batch it sent
     assert conn.get(key) == b"inc-2"  # and leaves the new holder's lock alone
     conn.delete(key)
     with ctx.sessions() as session:
@@ -191,53 +215,44 @@ def test_a_dispatch_task_runs_in_rounds_each_behind_the_units_it_sent(make_conte
                                                                       tiny_model):
     """Round 0 persists FIRST_ROUND_UNITS units and queues round 1, which persists ROUND_GROWTH times more; a
     round that leaves nothing pending queues none (the sweep's dispatch has no round: the whole plan)."""
-    from workers import tasks
+    from batchinfer.jobs.dispatch import rounds
 
     ctx = make_context(model=tiny_model, broker_url=f"{redis_server}/0", broker_prefix=f"rd-{uuid.uuid4().hex[:8]}:")
     job = submit_lines(ctx, _lines(40))
-    monkeypatch.setattr(tasks, "FIRST_ROUND_UNITS", 2)
-    monkeypatch.setattr(tasks, "dispatch_units", lambda c, on_units, max_units: dispatch(
-        c, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
-    sent: list[str] = []
-    monkeypatch.setattr(tasks, "send_units", lambda batch: sent.extend(u.unit_id for u in batch))
-    rounds: list[int] = []
-    monkeypatch.setattr(tasks, "next_round", rounds.append)
-    assert tasks.dispatch_and_send(ctx, "inc-1", 0) == 2 and rounds == [1]
+    monkeypatch.setattr(rounds, "FIRST_ROUND_UNITS", 2)
+    sender = _Sender()
+    assert _round(ctx, sender, 0).run() == 2 and [r for r, _ in sender.rounds] == [1]
     with ctx.sessions() as session:
         assert Counter(session.scalars(select(Request.status))) == Counter({"planned": 8, "pending": 32})
-    assert tasks.dispatch_and_send(ctx, "inc-1", 1) == 8 and rounds == [1]  # 8 units: the 32 left, nothing pending
-    assert tasks.dispatch_and_send(ctx, "inc-1", 2) == 0 and rounds == [1]
+    assert _round(ctx, sender, 1).run() == 8 and len(sender.rounds) == 1  # 8 units: the 32 left, nothing pending
+    assert _round(ctx, sender, 2).run() == 0 and len(sender.rounds) == 1
     with ctx.sessions() as session:
         rows = session.execute(select(Request.status, Request.unit_id).where(Request.job_id == job.id)).all()
     assert {r.status for r in rows} == {"planned"} and Counter(r.unit_id for r in rows) == Counter(
-        {u: 4 for u in sent})
+        {u: 4 for u in sender.sent})
 
 
 def test_a_round_chain_waits_for_rows_while_a_file_is_validated_and_one_chain_at_a_time(make_context, redis_server,
-                                                                                         monkeypatch, tiny_model):
+                                                                                         tiny_model):
     """A streamed file whose units keep up with its validation: a round finds nothing pending, and its chain must
     look again (it used to end, and nothing was dispatched until the queue move). One waiting chain at a time;
     once no file is validated, a round that sent nothing ends its chain."""
     from batchinfer.db.models import Job
-    from workers import tasks
+    from batchinfer.jobs.dispatch.rounds import STREAM_WAIT_S
 
     ctx = make_context(model=tiny_model, broker_url=f"{redis_server}/0", broker_prefix=f"wt-{uuid.uuid4().hex[:8]}:",
                        stream_dispatch=True)
     job = submit_lines(ctx, _lines(40))
-    monkeypatch.setattr(tasks, "dispatch_units", lambda c, on_units, max_units: dispatch(
-        c, [], PlannerConfig(max_requests_per_unit=4), on_units=on_units, max_units=max_units))
-    monkeypatch.setattr(tasks, "send_units", lambda batch: None)
-    rounds: list[tuple[int, float | None]] = []
-    monkeypatch.setattr(tasks, "next_round", lambda r, countdown=None: rounds.append((r, countdown)))
-    assert tasks.dispatch_and_send(ctx, "inc-1", 2) == 10 and rounds == []  # all planned; the file is validated
+    sender = _Sender()
+    assert _round(ctx, sender, 2).run() == 10 and sender.rounds == []  # all planned; the file is validated
     with ctx.sessions() as session, session.begin():  # as if its next rows were still being validated
         session.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.VALIDATING))
-    assert tasks.dispatch_and_send(ctx, "inc-1", 3) == 0 and rounds == [(4, tasks.STREAM_WAIT_S)]
-    assert tasks.dispatch_and_send(ctx, "inc-1", 3) == 0 and len(rounds) == 1  # a second chain ends: one waits
-    time.sleep(tasks.STREAM_WAIT_S)
+    assert _round(ctx, sender, 3).run() == 0 and sender.rounds == [(4, STREAM_WAIT_S)]
+    assert _round(ctx, sender, 3).run() == 0 and len(sender.rounds) == 1  # a second chain ends: one waits
+    time.sleep(STREAM_WAIT_S)
     with ctx.sessions() as session, session.begin():
         session.execute(update(Job).where(Job.id == job.id).values(status=JobStatus.QUEUED))
-    assert tasks.dispatch_and_send(ctx, "inc-1", 4) == 0 and len(rounds) == 1
+    assert _round(ctx, sender, 4).run() == 0 and len(sender.rounds) == 1
 
 
 def test_request_rows_written_by_copy_keep_their_custom_ids_exactly(ctx):

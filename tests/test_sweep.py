@@ -164,7 +164,8 @@ def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_swe
     """50 submits at once kept one dispatcher planning past the others' lock wait; each waiter then raised
     LockError with a traceback. Now it skips: the holder plans what is pending, the sweep the rest."""
     from batchinfer.cluster.registry import open_registry
-    from workers import tasks
+    from batchinfer.runtime.commands.dispatch_round import DispatchRound
+    from workers.tasks import SEND
 
     ctx = make_context(broker_url=f"{redis_server}/0", broker_prefix=f"lock-{uuid.uuid4().hex[:8]}:")
     job = submit_lines(ctx, [completion_line("a", "x")])
@@ -174,7 +175,7 @@ def test_a_dispatch_that_cannot_take_the_lock_in_time_leaves_the_work_to_the_swe
     real_lock = WorkerRegistry.dispatch_lock
     monkeypatch.setattr(WorkerRegistry, "dispatch_lock", lambda self, wait_s=120.0: real_lock(self, 0.2))
     try:
-        assert tasks.dispatch_and_send(ctx) == 0
+        assert DispatchRound(ctx, SEND).run() == 0
     finally:
         holder.release()
     with ctx.sessions() as session:

@@ -34,6 +34,8 @@ def _lost_ack_in_one_line(record: logging.LogRecord) -> bool:
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
     from batchinfer.cluster.registry import open_registry
+    from batchinfer.runtime.commands.run_unit import load_engine
+    from batchinfer.runtime.commands.sweep import sweep_hooks
     from workers import tasks
     from workers.process import this_process
     from workers.celery_app import app
@@ -49,10 +51,10 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         logging.getLogger("celery.worker.request").addFilter(_lost_ack_in_one_line)
-        tasks.engine_or_exit(settings)  # load the model before the first unit arrives
+        load_engine(settings)  # the model loads before the first unit arrives
         reg = open_registry(settings)
         process = this_process()
-        hooks = tasks.sweep_hooks(process)
+        hooks = sweep_hooks(process.ctx, tasks.SEND, lambda: process.incarnation)
         process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
                                     lambda: maybe_sweep(process.ctx, reg, hooks),
                                     on_fault=lambda exc, needs: outage.observe(process.ctx, exc, needs), model=settings.model_id,
