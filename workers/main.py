@@ -33,7 +33,7 @@ def _lost_ack_in_one_line(record: logging.LogRecord) -> bool:
 
 
 def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") -> None:
-    from batchinfer.cluster.registry import open_registry
+    from batchinfer.cluster.registry import open_registry  # lazy: the Celery app reads the settings the command line set
     from batchinfer.runtime.commands.run_unit import load_engine
     from batchinfer.runtime.commands.sweep import sweep_hooks
     from workers import tasks
@@ -79,8 +79,8 @@ def _celery_worker(app, args: list[str]) -> None:
     them, and scans the installed packages' entry points for plugins, about 0.15 s of CPU at each start
     (docs/benchmarks.md, "Start-up, fourth pass"). The context is the one the group makes; the group's environment
     overrides (APP, BROKER_URL, RESULT_BACKEND, ...) are not read: the BATCHINFER_ settings name the broker."""
-    from celery.bin.base import CLIContext
-    from celery.bin.worker import worker
+    from celery.bin.base import CLIContext  # lazy: celery's command line, when the worker starts
+    from celery.bin.worker import worker  # lazy: celery's command line, when the worker starts
 
     no_color = os.environ.get("NO_COLOR", "").strip().lower() not in ("", "0", "false", "f", "no", "n", "off")
     worker.main(args=args, prog_name="celery worker", standalone_mode=False,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from batchinfer.context import AppContext
 from batchinfer.settings import get_settings
+from batchinfer.cluster.registry import live_models_reader
 
 if TYPE_CHECKING:
     from batchinfer.cluster.agent import WorkerAgent
@@ -26,7 +27,7 @@ class WorkerProcess:
 
     def stopping(self) -> bool:
         """Celery or the agent is shutting this process down: a unit it interrupts is rerun by the sweep."""
-        from celery.worker import state
+        from celery.worker import state  # lazy: celery, inside a worker only
 
         return bool(state.should_stop or state.should_terminate or (self.agent is not None and self.agent.stopping))
 
@@ -43,8 +44,6 @@ class WorkerProcess:
 
 @lru_cache(maxsize=1)
 def this_process() -> WorkerProcess:
-    from batchinfer.cluster.registry import live_models_reader
-
     ctx = AppContext.create(get_settings(), migrate=False)
     ctx.live_models = live_models_reader(ctx.settings)
     return WorkerProcess(ctx)

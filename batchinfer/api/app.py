@@ -1,11 +1,14 @@
 """The ASGI app: `create_app(settings)`; `batchinfer serve` runs it on uvicorn."""
 from __future__ import annotations
 
+import socket
+import sys
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from batchinfer.api import access_log, anthropic_batches, batches, dashboard, errors, files, metrics, retry
 from batchinfer.api.auth import api_key
@@ -53,8 +56,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     anthropic_batches.install(app)
     app.include_router(retry.router)
     if STATIC_DIR.is_dir():  # the dashboard, when present, answers everything the API does not
-        from fastapi.staticfiles import StaticFiles
-
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
     return app
 
@@ -73,10 +74,7 @@ def model_list(ctx: AppContext) -> list[dict]:
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:
     """Bind first, so the printed address is the real one (port 0 picks a free port), then run uvicorn."""
-    import socket
-    import sys
-
-    import uvicorn
+    import uvicorn  # lazy: uvicorn, when the server starts
 
     app = create_app(settings)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

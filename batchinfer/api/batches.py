@@ -18,6 +18,10 @@ from batchinfer.errors import JobNotFound
 from batchinfer.jobs import files, service
 from batchinfer.jobs.views.batch_view import batch_object
 from batchinfer.jobs.units.live import with_live
+from batchinfer.runtime.preview import estimate_key, worker_count
+from batchinfer.jobs.views.eta import batch_with_eta
+from batchinfer.jobs.dispatch.planning import planner_config
+from batchinfer.jobs.views.reports import group_figures, unit_figures
 
 router = APIRouter(prefix="/v1/batches")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
@@ -91,8 +95,6 @@ async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = De
                    owner: str = Depends(owner_id)) -> dict:
     """What the file would cost (requests, tokens, prefix groups, expected cached tokens, run time); runs nothing.
     A worker tokenizes it: the API process holds no tokenizer."""
-    from batchinfer.runtime.preview import estimate_key
-
     upload = _input_file(ctx, owner, spec.input_file_id)
     key = estimate_key(await asyncio.to_thread(request.app.state.work.estimate, upload.storage_key, owner))
     deadline = time.time() + ctx.settings.api_estimate_wait_s
@@ -115,10 +117,6 @@ def _read(ctx: AppContext, key: str) -> bytes:
 @router.get("/{batch_id}")
 def retrieve(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
     """The batch with live counts; before its first request finishes, also the plan's ETA (jobs.views.eta)."""
-    from batchinfer.jobs.views.eta import batch_with_eta
-    from batchinfer.jobs.dispatch.planning import planner_config
-    from batchinfer.runtime.preview import worker_count
-
     job = with_live(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
     return batch_with_eta(ctx, job, planner_config(ctx), worker_count(ctx))
 
@@ -130,8 +128,6 @@ def cancel(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scop
 
 @router.get("/{batch_id}/prefix_groups")
 def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
-    from batchinfer.jobs.views.reports import group_figures, unit_figures
-
     service.get(ctx, batch_id, owner=owner)
     units = unit_figures(ctx, batch_id)
     return {"object": "list", "batch_id": batch_id, "data": [g.to_dict() for g in group_figures(units)]}

@@ -14,6 +14,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import ApiKey, JobStatus
 from batchinfer.jobs import service
 from batchinfer.jobs.views.batch_stats import batch_stats
+from batchinfer.cluster.registry import open_registry
 
 router = APIRouter(prefix="/v1/dashboard")
 _CACHE_SIZE = 256
@@ -49,8 +50,6 @@ def workers(ctx: AppContext = Depends(context), key: ApiKey = Depends(api_key)) 
         raise APIError(403, "Only an admin key sees the workers (batchinfer keys create --admin).", "not_admin")
     if ctx.settings.embedded:
         return {"object": "list", "data": []}
-    from batchinfer.cluster.registry import open_registry
-
     registry = open_registry(ctx.settings)
     live, dead = registry.live(), registry.dead()
     return {"object": "list", "data": [_worker(w, True) for w in live] + [_worker(w, False) for w in dead]}

@@ -14,6 +14,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, ServiceOutage, UnitStatus, WorkUnit
 from batchinfer.jobs.units.live import live_total
+from batchinfer.jobs.faults import SERVICES
+from batchinfer.jobs.outage import current
+from batchinfer.cluster.registry import open_registry
+from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue
 
 
 class _JobCollector:
@@ -54,9 +58,6 @@ class _JobCollector:
 
     def _outages(self):
         """Per service: down now, outages so far, unit runs released for it, seconds down; units waiting for it."""
-        from batchinfer.jobs.faults import SERVICES
-        from batchinfer.jobs.outage import current
-
         with self.ctx.sessions() as session:
             rows = {r.service: r for r in session.scalars(select(ServiceOutage))}
             waiting = dict(session.execute(select(WorkUnit.waiting_for, func.count()).where(
@@ -81,9 +82,6 @@ class _JobCollector:
     def _workers(self):
         if self.ctx.settings.embedded:
             return
-        from batchinfer.cluster.registry import open_registry
-        from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue
-
         try:
             registry = open_registry(self.ctx.settings)
             live = registry.live()

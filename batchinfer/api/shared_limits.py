@@ -19,7 +19,7 @@ from batchinfer.api.limits import Limits, Ticket
 from batchinfer.settings import Settings
 
 if TYPE_CHECKING:
-    import redis
+    import redis  # lazy: redis, the cluster mode's only
 
 log = logging.getLogger(__name__)
 RETRY_S = 5.0  # after Redis failed, this process's own limits for this long before Redis is tried again
@@ -67,7 +67,7 @@ def open_limits(settings: Settings) -> Limits:
 
 class SharedLimits(Limits):
     def __init__(self, settings: Settings):
-        import redis
+        import redis  # lazy: redis, the cluster mode's only
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
@@ -127,7 +127,7 @@ class SharedLimits(Limits):
 
     async def _shared(self, call: Callable[[], Any]) -> Any:
         """call()'s answer from Redis, or None when Redis does not answer (the caller falls back)."""
-        import redis
+        import redis  # lazy: redis, the cluster mode's only
 
         if time.monotonic() < self._down_until:
             return None

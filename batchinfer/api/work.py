@@ -15,12 +15,15 @@ from concurrent.futures import ThreadPoolExecutor
 from batchinfer.api.errors import APIError
 from batchinfer.api.fair import FairPool
 from batchinfer.cluster.fair_queue import open_fair_queue
+from batchinfer.cluster.registry import WorkerState
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import JobStatus
 from batchinfer.errors import one_line
 from batchinfer.jobs.intake.validate_job import ValidationDeferred, deferred_cause, validate_job
 from batchinfer.jobs.state.intake import validation_lost
+from batchinfer.runtime.embedded import run_pending
+from batchinfer.runtime.preview import store_estimate
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,6 @@ class WorkQueue:
         self._local.submit(self._run)
 
     def _run(self) -> None:
-        from batchinfer.runtime.embedded import run_pending
-
         with self._lock:
             self._run_queued = False
         try:
@@ -82,10 +83,6 @@ class WorkQueue:
         """Start an estimate; its result appears in storage under runtime.preview.estimate_key(id)."""
         estimate_id = uuid.uuid4().hex
         if self._fair is not None:
-            from batchinfer.runtime.preview import store_estimate
-
-            from batchinfer.cluster.registry import WorkerState
-
             self._fair.submit(owner, lambda: store_estimate(self.ctx, estimate_id, input_key, [WorkerState("embedded")]))
         else:
             try:
@@ -99,7 +96,7 @@ class WorkQueue:
 
     def _to_workers(self, owner: str, item: dict) -> None:
         """The item into its key's queue, and a message for a worker to take the next item of any key."""
-        from workers.tasks import fair_work_task
+        from workers.tasks import fair_work_task  # lazy: celery, which only the cluster mode needs
 
         assert self._fair_queue is not None
         self._fair_queue.push(owner, item)

@@ -2,6 +2,7 @@
 machine needs no database, broker, storage settings or model."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import BinaryIO, Sequence
@@ -105,8 +106,6 @@ class ApiClient:
 
 def _endpoint_of(path: Path) -> str:
     """The batch's endpoint is its first line's url (the server checks every line)."""
-    import json
-
     with open(path, "rb") as source:
         for raw in source:
             if raw.strip():

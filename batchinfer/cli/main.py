@@ -13,10 +13,10 @@ def main() -> None:
     """The console script and `python -m batchinfer.cli`. Click ends every command with SystemExit; any other
     exception (a bug's traceback, Ctrl-C outside a command) takes the interpreter's own way out. A `run` forks
     its engine process first, before the CLI's imports (batchinfer/runtime/engine_process.py)."""
-    from batchinfer.runtime.engine_process import start_for
+    from batchinfer.runtime.engine_process import start_for  # lazy: the engine process forks before any other import
 
     start_for(sys.argv[1:])
-    from batchinfer.cli.app import app
+    from batchinfer.cli.app import app  # lazy: the CLI's imports run beside the forked engine process
 
     try:
         app(prog_name="batchinfer")

@@ -8,7 +8,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from batchinfer.cli.progress import eta_s
-from batchinfer.cluster.registry import WorkerState
+from batchinfer.cluster.registry import WorkerState, open_registry
 from batchinfer.errors import excerpt
 from batchinfer.jobs.views.reports import GroupFigures
 from batchinfer.planner import PlanEstimate
@@ -132,8 +132,6 @@ def known_workers(settings: Settings) -> list[WorkerState]:
     """The live workers with their measured rates; in embedded mode, this process."""
     if settings.embedded:
         return [WorkerState("embedded")]
-    from batchinfer.cluster.registry import open_registry
-
     return open_registry(settings).live()
 
 

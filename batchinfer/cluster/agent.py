@@ -13,7 +13,7 @@ import redis
 from batchinfer.jobs.dispatch.routing import SHARED_QUEUE
 from batchinfer.cluster.registry import WorkerRegistry, WorkerState
 from batchinfer.errors import one_line
-from batchinfer.jobs.faults import BROKER
+from batchinfer.jobs.faults import BROKER, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,4 @@ class WorkerAgent:
 
 
 def _transient(exc: BaseException) -> bool:
-    from batchinfer.jobs.faults import is_transient
-
     return isinstance(exc, redis.RedisError) or is_transient(exc)

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 @lru_cache(maxsize=1)
 def _kombu_priorities() -> tuple[list[int], str]:
-    from kombu.transport.redis import PRIORITY_STEPS, Channel
+    from kombu.transport.redis import PRIORITY_STEPS, Channel  # lazy: kombu and redis (see the docstring)
 
     return list(PRIORITY_STEPS), Channel.sep
 

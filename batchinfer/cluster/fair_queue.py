@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import redis
+    import redis  # lazy: redis, when the queue is opened
 
 SERVED_KEEP_S = 86400  # how long a key's last turn is remembered
 
@@ -71,7 +71,7 @@ def _text(raw: bytes | str) -> str:
 
 
 def open_fair_queue(settings) -> FairQueue:
-    import redis
+    import redis  # lazy: redis, when the queue is opened
 
     assert settings.broker_url is not None
     return FairQueue(redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5),

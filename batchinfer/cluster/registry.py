@@ -16,7 +16,7 @@ from batchinfer.cluster.broker import priority_list_keys
 from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, WorkerLoad, model_queue, worker_queue
 
 if TYPE_CHECKING:
-    import redis
+    import redis  # lazy: redis, when the registry is read
 
 MAX_PREFIX_KEYS = 32
 
@@ -241,7 +241,7 @@ def live_models_reader(settings):
     registry: list[WorkerRegistry] = []
 
     def read() -> dict[str, str | None]:
-        import redis
+        import redis  # lazy: redis, when the registry is read
 
         try:
             if not registry:

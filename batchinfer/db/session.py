@@ -1,6 +1,7 @@
 """Engines, sessions and schema migrations (Alembic is the only way the schema is made)."""
 from __future__ import annotations
 
+import ast
 import logging
 import time
 from collections.abc import Callable
@@ -8,10 +9,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from batchinfer.errors import BatchInferError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 RETRY_ATTEMPTS = 8  # about 20 s of backoff: a database restart, a failover, a deadlock victim
@@ -90,11 +92,9 @@ def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], attem
 
 
 def alembic_config(url: str):
-    from alembic.config import Config
+    from alembic.config import Config  # lazy: alembic (a third of a second), only to migrate
 
     if not (MIGRATIONS_DIR / "env.py").is_file():
-        from batchinfer.errors import BatchInferError
-
         raise BatchInferError(f"no Alembic migrations at {MIGRATIONS_DIR}: install from a checkout with pip install -e .")
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
@@ -107,16 +107,13 @@ def upgrade(url: str, revision: str = "head") -> None:
         get_engine(url)  # creates the data directory
     if revision == "head" and is_current(url):
         return  # the common start-up case: Alembic is not even imported
-    from alembic import command
+    from alembic import command  # lazy: alembic, only when the schema is behind
 
     command.upgrade(alembic_config(url), revision)
 
 
 def is_current(url: str) -> bool:
     """The stored alembic revision is the head: read one row and the version files' ids, nothing more."""
-    from sqlalchemy import text
-    from sqlalchemy.exc import SQLAlchemyError
-
     try:
         with get_engine(url).connect() as conn:
             stored = {row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))}
@@ -140,8 +137,6 @@ def migration_heads() -> set[str]:
 
 
 def _assignments(path: Path, names: tuple[str, ...]) -> dict:
-    import ast
-
     found = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:

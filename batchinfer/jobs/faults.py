@@ -34,7 +34,7 @@ def service_of(exc: BaseException) -> str | None:
 
 def _storage_fault(exc: BaseException) -> bool:
     from boto3.exceptions import S3UploadFailedError
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError  # lazy: botocore, S3's only
     from urllib3.exceptions import HTTPError
 
     if isinstance(exc, ClientError):
@@ -44,7 +44,7 @@ def _storage_fault(exc: BaseException) -> bool:
 
 
 def _broker_fault(exc: BaseException) -> bool:
-    from kombu.exceptions import OperationalError as KombuOperationalError
+    from kombu.exceptions import OperationalError as KombuOperationalError  # lazy: kombu and redis, the broker's only
     from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
     return isinstance(exc, (RedisConnectionError, RedisTimeoutError, KombuOperationalError))

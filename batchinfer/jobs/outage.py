@@ -245,7 +245,7 @@ def _redis(ctx: AppContext):
 
 @lru_cache(maxsize=8)
 def _redis_at(url: str):
-    import redis
+    import redis  # lazy: redis, the broker's only (embedded runs have none)
 
     return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
 

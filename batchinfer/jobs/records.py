@@ -196,6 +196,28 @@ def output_line_bytes(record: dict[str, Any]) -> bytes:
 
 
 @dataclass
+class Counts:
+    """A job's request counters: what its units' commits add to the job, what a running unit reports live (the
+    columns of jobs and unit_progress bear these names)."""
+
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, ok: bool, prompt_tokens: int = 0, completion_tokens: int = 0, cached_tokens: int = 0) -> None:
+        self.completed += ok
+        self.failed += not ok
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.cached_tokens += cached_tokens
+
+
+COUNTERS = tuple(f.name for f in fields(Counts))
+
+
+@dataclass
 class LineError:
     """A problem validation found: its line (None: the whole file), its code, and the field."""
 

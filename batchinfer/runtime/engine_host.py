@@ -7,6 +7,7 @@ import time
 
 from batchinfer.jobs.intake.tokenizer import remember_tokenizer
 from batchinfer.settings import Settings
+from batchinfer.runtime.null_generator import NullGenerator
 
 log = logging.getLogger(__name__)
 _generators: dict[tuple, object] = {}
@@ -14,11 +15,11 @@ _generators: dict[tuple, object] = {}
 
 def engine_config(settings: Settings):
     """The EngineConfig a worker runs with; the planner takes its block size from here too."""
-    from batchinfer.engine import EngineConfig
+    from batchinfer.engine import EngineConfig  # lazy: torch
 
     device = settings.device
     if device is None:
-        import torch
+        import torch  # lazy: torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
@@ -51,14 +52,12 @@ def generator_key(settings: Settings) -> tuple:
 
 def _load(settings: Settings):
     if settings.engine == "null":  # only when named: the validator knows no other spelling, the default is batchinfer
-        from batchinfer.runtime.null_generator import NullGenerator
-
         return NullGenerator.from_settings(settings)
     if settings.engine == "batchinfer":
-        from batchinfer.engine import LLMEngine
+        from batchinfer.engine import LLMEngine  # lazy: torch
 
         return LLMEngine.from_pretrained(settings.model, str(settings.model_cache), engine_config(settings))
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # lazy: transformers and torch, for the reference engine only
 
     from batchinfer.runtime.hf_generate import HFGenerator
 

@@ -35,7 +35,7 @@ def start_for(argv: list[str]) -> None:
 
 
 def _forks(command: str) -> bool:
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # lazy: this module loads first, before the fork: nothing heavy at its top
 
     from batchinfer.settings import get_settings
 
@@ -55,7 +55,7 @@ def generator_for(settings):
     """The generator for settings: through the engine process when this process forked one, else loaded here."""
     if _started is not None:
         return _started.generator_for(settings)
-    from batchinfer.runtime.engine_host import get_generator
+    from batchinfer.runtime.engine_host import get_generator  # lazy: the engine host loads the model
 
     return get_generator(settings)
 
@@ -79,7 +79,7 @@ class EngineProcess:
     def fork(cls, signals_to_parent: bool = False) -> EngineProcess:
         """signals_to_parent: the child ignores SIGINT and SIGTERM sent to the process group (a worker's warm
         shutdown finishes or interrupts its unit, then kills the child); a run's child ends with the run on Ctrl-C."""
-        from multiprocessing.connection import Pipe
+        from multiprocessing.connection import Pipe  # lazy: this module loads first, before the fork
 
         parent_end, child_end = Pipe()
         parent = os.getpid()
@@ -94,7 +94,7 @@ class EngineProcess:
         return cls(pid, parent_end)
 
     def load(self, settings) -> None:
-        from batchinfer.runtime import engine_messages as msg
+        from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
 
         self.settings = settings
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died: generator_for says how
@@ -103,7 +103,7 @@ class EngineProcess:
     def generator_for(self, settings):
         """The remote generator when settings name the model loaded there, else the model loaded in this process
         (another model of BATCHINFER_MODELS). Raises what the load raised, as get_generator would."""
-        from batchinfer.runtime import engine_messages as msg
+        from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
         from batchinfer.runtime.engine_host import generator_key, get_generator
         from batchinfer.runtime.remote_generator import RemoteGenerator
 
@@ -172,7 +172,7 @@ def _serve(conn: Connection, parent: int) -> None:
 
 
 def _needs_torch() -> bool:
-    from pydantic import ValidationError
+    from pydantic import ValidationError  # lazy: this module loads first, before the fork: nothing heavy at its top
 
     from batchinfer.settings import get_settings
 
@@ -184,7 +184,7 @@ def _needs_torch() -> bool:
 
 def _die_with_parent(parent: int) -> None:
     """The parent killed outright (SIGKILL) cannot kill the child: the kernel does (Linux)."""
-    import ctypes
+    import ctypes  # lazy: the child's only
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -207,8 +207,8 @@ def _import_torch_yielding() -> None:
 
 
 def _load(conn: Connection, load):
-    from batchinfer.runtime import engine_messages as msg
-    from batchinfer.runtime.engine_host import get_generator
+    from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
+    from batchinfer.runtime.engine_host import get_generator  # lazy: the engine host loads the model
 
     notes = io.StringIO()
     try:
@@ -222,7 +222,7 @@ def _load(conn: Connection, load):
 
 
 def _answer(conn: Connection, generator) -> None:
-    from batchinfer.runtime import engine_messages as msg
+    from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
 
     while True:
         ask = conn.recv()
@@ -233,7 +233,7 @@ def _answer(conn: Connection, generator) -> None:
 
 
 def _generate(conn: Connection, generator, requests):
-    from batchinfer.runtime import engine_messages as msg
+    from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
 
     aborted: set[str] = set()
 

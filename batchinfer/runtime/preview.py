@@ -1,6 +1,8 @@
 """`batchinfer plan FILE` / `submit --dry-run`: what a file would cost, before anything runs."""
 from __future__ import annotations
 
+import io
+import json
 import logging
 from typing import BinaryIO
 
@@ -13,7 +15,8 @@ from batchinfer.jobs.intake.validate_job import batch_model, model_tokenizer, va
 from batchinfer.jobs.intake.lines import ValidLine, peek_model, unserved_model_report, validate_stream
 from batchinfer.jobs.records import ValidationReport
 from batchinfer.jobs.served_models import served_models
-from batchinfer.cluster.registry import WorkerState
+from batchinfer.cluster.registry import WorkerState, open_registry
+from batchinfer.jobs.dispatch.planning import planner_config
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,6 @@ def worker_count(ctx: AppContext) -> int:
     """Workers a batch's units spread over: the live ones (1 if none is known), or this process when embedded."""
     if ctx.settings.embedded:
         return 1
-    from batchinfer.cluster.registry import open_registry
-
     try:
         return max(1, len(open_registry(ctx.settings).live()))
     except Exception as exc:  # the broker is away: an ETA on one worker, an upper bound
@@ -66,8 +67,6 @@ def estimate_key(estimate_id: str) -> str:
 def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState],
             rate: engine_rates.MeasuredRate | None = None) -> dict:
     """The estimate of a file as `batchinfer plan --json` prints it and the API returns it."""
-    from batchinfer.jobs.dispatch.planning import planner_config
-
     estimate, report = preview(ctx, source, planner_config(ctx), workers, rate)
     return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid, "ok": report.ok,
             "errors": [e.to_dict() for e in report.errors]}
@@ -86,9 +85,6 @@ def _exists(ctx: AppContext, key: str) -> bool:
 
 
 def store_estimate(ctx: AppContext, estimate_id: str, input_key: str, workers: list[WorkerState]) -> None:
-    import io
-    import json
-
     try:
         result = estimate_file(ctx, input_key, workers)
     except Exception as exc:  # the API reports it (no paths or class names: those stay in this log); the worker goes on

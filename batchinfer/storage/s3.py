@@ -51,7 +51,7 @@ def _drop_expect_header(request, **_) -> None:
 
 class S3Storage(Storage):
     def __init__(self, bucket: str, prefix: str = "", client=None):
-        import boto3
+        import boto3  # lazy: boto3 and botocore (a third of a second), S3's only
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -85,7 +85,7 @@ class S3Storage(Storage):
             self.client.upload_fileobj(spool, self.bucket, self._key(key), Config=self._transfer)
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: botocore, S3's only
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -99,7 +99,7 @@ class S3Storage(Storage):
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def size(self, key: str) -> int:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError  # lazy: botocore, S3's only
 
         try:
             return int(self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])

@@ -5,7 +5,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from batchinfer.engine.loader import Tokenizer
+from batchinfer.engine.loader import Tokenizer, resolve_model_dir
 from batchinfer.engine.types import context_length
 from batchinfer.settings import Settings
 
@@ -34,11 +34,11 @@ class _LazyTokenizer:
     def _load(self):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
-                from batchinfer.engine.light_loader import light_tokenizer
+                from batchinfer.engine.light_loader import light_tokenizer  # lazy: tokenizers and jinja2, loaded on a file's first line
 
                 self._tokenizer = light_tokenizer(self._folder)
             else:
-                from batchinfer.engine.loader import transformers_tokenizer
+                from batchinfer.engine.loader import transformers_tokenizer  # lazy: transformers, for a model without a tokenizer.json
 
                 self._tokenizer = transformers_tokenizer(self._folder)
         return self._tokenizer
@@ -46,8 +46,6 @@ class _LazyTokenizer:
 
 @lru_cache(maxsize=4)
 def _tokenizer_and_len(model: str | None, cache_dir: str):
-    from batchinfer.engine.loader import resolve_model_dir
-
     folder = resolve_model_dir(model, cache_dir)
     config = json.loads((folder / "config.json").read_text())
     return _LazyTokenizer(folder), context_length(config)
@@ -59,8 +57,6 @@ SAMPLING_DEFAULTS = {"temperature": (float, lambda v: v >= 0), "top_p": (float, 
 
 @lru_cache(maxsize=16)
 def _sampling_defaults(model: str | None, cache_dir: str) -> tuple[tuple[str, float | int], ...]:
-    from batchinfer.engine.loader import resolve_model_dir
-
     path = resolve_model_dir(model, cache_dir) / "generation_config.json"
     config = json.loads(path.read_text()) if path.exists() else {}
     found = []

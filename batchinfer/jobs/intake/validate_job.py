@@ -26,6 +26,7 @@ from batchinfer.jobs.intake.lines import ValidationLimits, ValidLine, peek_model
 from batchinfer.jobs.records import LineError, ValidationReport
 from batchinfer.jobs.served_models import ServedModel, model_settings, served_models
 from batchinfer.settings import Settings
+from batchinfer.jobs import outage
 
 log = logging.getLogger(__name__)
 INSERT_BATCH = 1000
@@ -97,8 +98,6 @@ def _failed(ctx: AppContext, job_id: str, exc: Exception) -> Job:
 
 
 def _report(ctx: AppContext, exc: BaseException) -> None:
-    from batchinfer.jobs import outage
-
     service = service_of(exc)
     if service is not None:
         outage.report_down(ctx, service, exc)

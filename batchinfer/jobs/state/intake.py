@@ -85,7 +85,7 @@ def _insert(session, rows: list[dict]) -> None:
     if session.get_bind().dialect.name != "postgresql":
         session.execute(insert(Request), [{**row, "status": status} for row in rows])
         return
-    import psycopg
+    import psycopg  # lazy: psycopg, PostgreSQL's only
 
     sql = f"COPY requests ({', '.join(COPY_COLUMNS)}, status) FROM STDIN"
     driver = session.connection().connection.driver_connection  # psycopg's, in this session's transaction

@@ -16,7 +16,7 @@ from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs import record_store
-from batchinfer.jobs.records import Origin, RequestKey, UnitResult
+from batchinfer.jobs.records import COUNTERS, Counts, Origin, RequestKey, UnitResult
 from batchinfer.jobs.state import table as T
 from batchinfer.planner import UnitPlan
 
@@ -222,18 +222,13 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
 def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:
     """Add the records to their jobs' counts; returns the jobs that still count fewer finished than total (the
     counts are a hint: a finalize decides on the rows, and the sweep finalizes what a wrong hint skipped)."""
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    totals: dict[str, Counts] = defaultdict(Counts)
     for key, rec in records.items():
-        t = totals[key.job_id]
-        t[0 if rec.ok else 1] += 1
-        t[2] += rec.prompt_tokens
-        t[3] += rec.completion_tokens
-        t[4] += rec.cached_tokens
+        totals[key.job_id].add(rec.ok, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
     unfinished = set()
-    for job_id, (done, failed, prompt, completion, cached) in sorted(totals.items()):
+    for job_id, added in sorted(totals.items()):
         counts = session.execute(update(Job).where(Job.id == job_id).values(
-            completed=Job.completed + done, failed=Job.failed + failed, prompt_tokens=Job.prompt_tokens + prompt,
-            completion_tokens=Job.completion_tokens + completion, cached_tokens=Job.cached_tokens + cached)
+            **{name: getattr(Job, name) + getattr(added, name) for name in COUNTERS})
             .returning(Job.status, Job.total, Job.completed, Job.failed)).first()
         if counts is not None and (counts.status == JobStatus.VALIDATING  # streamed: no total yet, no finalize
                                    or counts.completed + counts.failed < counts.total):

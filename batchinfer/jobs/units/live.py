@@ -6,7 +6,6 @@ commits (done) its figures are in the job's own counts, so the live figures sett
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import cast
 
@@ -14,36 +13,28 @@ from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitProgress, UnitStatus, WorkUnit
-
-
-@dataclass(frozen=True)
-class LiveCounts:
-    completed: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
+from batchinfer.jobs.records import COUNTERS, Counts
+from batchinfer.jobs import outage
 
 
 def _sums(*columns):
     p = UnitProgress
-    return (select(*columns, func.sum(p.completed), func.sum(p.failed), func.sum(p.prompt_tokens),
-                   func.sum(p.completion_tokens), func.sum(p.cached_tokens))
+    return (select(*columns, *(func.sum(getattr(p, name)) for name in COUNTERS))
             .join(WorkUnit, WorkUnit.id == p.unit_id)
             .where(WorkUnit.status == UnitStatus.RUNNING, WorkUnit.attempts == p.attempt))
 
 
-def live_counts(session, job_ids: list[str]) -> dict[str, LiveCounts]:
+def live_counts(session, job_ids: list[str]) -> dict[str, Counts]:
     """Per job, what its running units finished and have not committed yet (absent: nothing)."""
     if not job_ids:
         return {}
     query = _sums(UnitProgress.job_id).where(UnitProgress.job_id.in_(job_ids)).group_by(UnitProgress.job_id)
-    return {job_id: LiveCounts(*(int(v or 0) for v in rest)) for job_id, *rest in session.execute(query)}
+    return {job_id: Counts(*(int(v or 0) for v in rest)) for job_id, *rest in session.execute(query)}
 
 
-def live_total(session) -> LiveCounts:
+def live_total(session) -> Counts:
     """What every running unit finished and has not committed yet (for /metrics)."""
-    return LiveCounts(*(int(v or 0) for v in session.execute(_sums()).one()))
+    return Counts(*(int(v or 0) for v in session.execute(_sums()).one()))
 
 
 def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
@@ -60,8 +51,6 @@ def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
 def with_waiting(ctx: AppContext, jobs: list[Job]) -> list[Job]:
     """Unfinished jobs get `waiting_for` (services, sorted) and `waiting_since` while a service is down: one
     reported down (every unfinished batch needs all three), or one their released units wait for."""
-    from batchinfer.jobs import outage
-
     unfinished = [j.id for j in jobs if j.status not in JobStatus.TERMINAL]
     if not unfinished:
         return jobs
@@ -90,11 +79,8 @@ def _copy(job: Job):
     return SimpleNamespace(**{c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs})
 
 
-def _plus(job: Job, live: LiveCounts) -> Job:
+def _plus(job: Job, live: Counts) -> Job:
     shown = cast(Job, _copy(job))
-    shown.completed = (job.completed or 0) + live.completed
-    shown.failed = (job.failed or 0) + live.failed
-    shown.prompt_tokens = (job.prompt_tokens or 0) + live.prompt_tokens
-    shown.completion_tokens = (job.completion_tokens or 0) + live.completion_tokens
-    shown.cached_tokens = (job.cached_tokens or 0) + live.cached_tokens
+    for name in COUNTERS:
+        setattr(shown, name, (getattr(job, name) or 0) + getattr(live, name))
     return shown

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Callable
 
 from sqlalchemy import delete, insert, select
@@ -27,19 +27,10 @@ from batchinfer.errors import one_line
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending, units
-from batchinfer.jobs.records import RequestKey, UnitRequest
+from batchinfer.jobs.records import Counts, RequestKey, UnitRequest
 from batchinfer.jobs.units.engine_requests import EngineRequests
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Tally:
-    completed: int = 0
-    failed: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
 
 
 OnResult = Callable[[RequestKey, GenerationResult], None]
@@ -56,7 +47,7 @@ class UnitWatch:
             self.by_job[key.job_id].append(key)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._tally: dict[str, _Tally] = defaultdict(_Tally)
+        self._tally: dict[str, Counts] = defaultdict(Counts)
         self._finished: set[str] = set()  # engine ids
         self._parts_left = {key: len(ids) for key, ids in engine.ids.items()}
         self._stopping: set[str] = set()  # engine ids handed to the engine (or about to be)
@@ -108,13 +99,10 @@ class UnitWatch:
             if self._parts_left[key] > 0:  # an embeddings line's part: its tokens, the request counts once done
                 t.prompt_tokens += result.prompt_tokens
                 return None
-            if getattr(result, "error", None):
-                t.failed += 1
+            if result.error:
+                t.add(False)
             else:
-                t.completed += 1
-                t.prompt_tokens += result.prompt_tokens
-                t.completion_tokens += result.completion_tokens
-                t.cached_tokens += result.cached_tokens
+                t.add(True, result.prompt_tokens, result.completion_tokens, result.cached_tokens)
             self._dirty = True
         return key
 
@@ -136,9 +124,8 @@ class UnitWatch:
         of the unit has started since."""
         with self._lock:
             self._dirty = False
-            rows = [{"unit_id": self.unit_id, "job_id": j, "attempt": self.attempt, "completed": t.completed,
-                     "failed": t.failed, "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
-                     "cached_tokens": t.cached_tokens, "updated_at": time.time()} for j, t in sorted(self._tally.items())]
+            rows = [{"unit_id": self.unit_id, "job_id": j, "attempt": self.attempt, **asdict(t), "updated_at": time.time()}
+                    for j, t in sorted(self._tally.items())]
 
         self._flushed = True
 
