@@ -1,5 +1,7 @@
 """`batchinfer bench <benchmark>` (or `python -m benchmarks <benchmark>`): every benchmark, one sub-command each.
 The product CLI hands its `bench` arguments to this app; it is installed with the `[bench]` extra."""
+import functools
+
 import typer
 
 from .api import bench_api_command
@@ -11,14 +13,35 @@ from .pipeline_command import bench_pipeline_command
 from .plan_accuracy import bench_plan_command
 from .process_command import bench_process_command
 from .startup_command import bench_startup_command
+from .support.prerequisites import Missing
+
+PACKAGES = {"llama_cpp": "make llamacpp (a source build of llama.cpp and its Python binding)"}
+
+
+def missing_in_one_line(command):
+    """A prerequisite that is not there (a binary, a server, an optional package) ends the benchmark in one line
+    naming it, not in a traceback."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except Missing as exc:
+            problem = str(exc)
+        except ModuleNotFoundError as exc:
+            how = PACKAGES.get(exc.name or "", "pip install -e '.[bench]' from a checkout")
+            problem = f"the Python package `{exc.name}` is not installed: {how}"
+        except FileNotFoundError as exc:
+            if exc.filename is None or "/" in str(exc.filename):  # a file of the benchmark's, not a program
+                raise
+            problem = f"the `{exc.filename}` binary is not on PATH"
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1)
+    return wrapper
+
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks of batchinfer (the `[bench]` extra).")
-app.command("compare")(bench)
-app.command("grouping")(bench_grouping_command)
-app.command("api")(bench_api_command)
-app.command("process")(bench_process_command)
-app.command("startup")(bench_startup_command)
-app.command("load")(bench_load_command)
-app.command("pipeline")(bench_pipeline_command)
-app.command("plan")(bench_plan_command)
-app.command("constrained")(bench_constrained_command)
+for name, command in (("compare", bench), ("grouping", bench_grouping_command), ("api", bench_api_command),
+                      ("process", bench_process_command), ("startup", bench_startup_command),
+                      ("load", bench_load_command), ("pipeline", bench_pipeline_command), ("plan", bench_plan_command),
+                      ("constrained", bench_constrained_command)):
+    app.command(name)(missing_in_one_line(command))

