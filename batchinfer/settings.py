@@ -107,8 +107,7 @@ class Settings(BaseSettings):
     max_completion_window: str = "30d"  # the longest completion_window a batch may ask for
     dispatch_countdown_s: float = 1.0
     # units of a batch start while the rest of its file is still validated (full units only; whole-file rules
-    # still fail it, dropping what ran): docs/benchmarks.md "The streaming pipeline". On since the whole fault
-    # matrix passed with it, tests/faults/test_fault_stream.py hitting a streamed batch mid-file
+    # still fail it, dropping what ran): docs/benchmarks.md "The streaming pipeline"
     stream_dispatch: bool = True
     unit_time_limit_s: int = 3 * 3600
     worker_name: str | None = None

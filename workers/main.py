@@ -76,8 +76,8 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
 def _celery_worker(app, args: list[str]) -> None:
     """`celery worker ARGS`, its own click command called without Celery's command group (what
     `app.worker_main` goes through): the group imports every subcommand, the amqp shell's prompt_toolkit among
-    them, and scans the installed packages' entry points for plugins, about 0.15 s of CPU at each start
-    (docs/benchmarks.md, "Start-up, fourth pass"). The context is the one the group makes; the group's environment
+    them, and scans the installed packages' entry points for plugins, at each start (docs/benchmarks.md, "Start-up,
+    fourth pass"). The context is the one the group makes; the group's environment
     overrides (APP, BROKER_URL, RESULT_BACKEND, ...) are not read: the BATCHINFER_ settings name the broker."""
     from celery.bin.base import CLIContext  # lazy: celery's command line, when the worker starts
     from celery.bin.worker import worker  # lazy: celery's command line, when the worker starts

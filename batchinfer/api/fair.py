@@ -2,7 +2,7 @@
 their own queue, and a few threads serve the keys round-robin (next, the key whose work started longest ago;
 a key new to the pool first), at most `per_key` of one key's items at once.
 One key's flood then keeps at most `per_key` threads busy, and another key's one-line batch starts as soon as
-a thread is free, whatever the flood left queued (issue 19, finding 6)."""
+a thread is free, whatever the flood left queued."""
 from __future__ import annotations
 
 import logging

@@ -4,8 +4,8 @@ flight holds a place with a lease that its server renews while the request lasts
 frees its places within the lease.
 
 Redis down: the limits fail open to this process's own (api/limits.py, what one server allows), with one
-warning, not a refusal: the API keeps serving status, lists and downloads through a broker outage (issue 26),
-and a key can then get at most N times its limits for the outage, never unlimited."""
+warning, not a refusal: the API keeps serving status, lists and downloads through a broker outage
+(docs/outages.md), and a key can then get at most N times its limits for the outage, never unlimited."""
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,6 @@
 """The `batchinfer` process: run the command, then end without the interpreter's teardown. With torch loaded,
-freeing every module and running libtorch's static destructors cost about 0.5 s of CPU at each exit
-(docs/benchmarks.md, "Start-up, fourth pass"); what a normal exit does that anyone sees still happens first."""
+freeing every module and running libtorch's static destructors costs CPU at each exit (docs/benchmarks.md,
+"Start-up, fourth pass"); what a normal exit does that anyone sees still happens first."""
 from __future__ import annotations
 
 import atexit

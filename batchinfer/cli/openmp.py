@@ -1,11 +1,11 @@
 """How OpenMP threads wait between parallel regions, chosen before torch loads libgomp (it reads this once).
 
 A decode step is a few hundred parallel regions (every projection and attention call) with tens of microseconds
-of Python between them. Sleeping at once (PASSIVE) pays a wake-up at each: on a quiet 2-core Xeon a 16 x 128
-decode run took 9.3-9.6 s against 7.1-7.3 s with a short spin. Spinning where another process wants the core
-is worse still: the spinner holds it while its partner waits (two runs side by side: 22-28 s spinning against
-12-19 s sleeping; docs/benchmarks.md, "OpenMP wait policy"). So: a short, bounded spin (then sleep, so an idle
-worker burns nothing) when no other process is running now, sleep at once when one is. A user's setting wins.
+of Python between them. Sleeping at once (PASSIVE) pays a wake-up at each, and a quiet machine's decode runs
+slower for it. Spinning where another process wants the core is worse still: the spinner holds it while its
+partner waits (docs/benchmarks.md, "OpenMP wait policy", has both measured). So: a short, bounded spin (then
+sleep, so an idle worker burns nothing) when no other process is running now, sleep at once when one is. A
+user's setting wins.
 The signal is the kernel's count of runnable tasks at this moment, not the load average, which still counts the
 previous job's minute (a benchmark's runs back to back, a worker started after an install).
 """

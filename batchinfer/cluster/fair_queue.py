@@ -2,8 +2,8 @@
 Redis list of their own, and for each item the API sends the workers a message that names no item
 (workers.tasks.fair_work_task); the worker that gets a message takes an item of the key served longest ago (a
 key never served, or not for a day, first). One key's flood of big validations then delays another key's
-one-line batch by at most the items already running, whatever the flood left queued (issue 19, finding 6):
-the order is decided when a worker is free, not when the messages were sent.
+one-line batch by at most the items already running, whatever the flood left queued: the order is decided when
+a worker is free, not when the messages were sent.
 
 A message and an item are not tied together: a lost message leaves an item that the next message takes (or, for
 a validation, the sweep's `validating` recovery redoes), and a message with nothing left to take does nothing.

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 def dumps(entry: dict[str, Any]) -> bytes:
     """A record as one compact JSON line. orjson: validation, dispatch and every unit write one record a request,
-    mostly token ids, which json encodes 17 times slower; json itself for what orjson refuses (an int past 64
+    mostly token ids, which json encodes many times slower; json itself for what orjson refuses (an int past 64
     bits in a seed or in echoed metadata)."""
     try:
         return orjson.dumps(entry, option=orjson.OPT_NON_STR_KEYS)
@@ -82,8 +82,7 @@ class PreparedRequest:
     echo: dict[str, Any] | None = None  # request fields the output body repeats (a Response's metadata)
 
     def to_dict(self) -> dict[str, Any]:
-        # Shallow: asdict() deep-copies every prompt token id (~1 ms a request; validation and dispatch
-        # each write every request once).
+        # shallow: asdict() would deep-copy every prompt token id, and validation and dispatch write every request
         entry = {name: getattr(self, name) for name in _PREPARED_FIELDS}
         if isinstance(self.prompt_token_ids, array):  # a compact record is written as the list it was read from
             entry["prompt_token_ids"] = self.prompt_token_ids.tolist()

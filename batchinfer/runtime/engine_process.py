@@ -25,7 +25,7 @@ def start_for(argv: list[str]) -> None:
     global _started
     if argv[:1] not in (["run"], ["worker"]) or "--help" in argv:
         return
-    # what both processes need, imported once (settings and pydantic: ~0.2 s of CPU that each would pay)
+    # what both processes need, imported once before the fork (settings and pydantic), not by each
     import batchinfer.runtime.engine_host  # noqa: F401
     import batchinfer.runtime.engine_messages  # noqa: F401
 

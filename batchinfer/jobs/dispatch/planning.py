@@ -131,7 +131,7 @@ def _full(plan: UnitPlan, config: PlannerConfig) -> bool:
 def _backlog(members: list[PendingRequest], growing: bool) -> int:
     """What a group's units are sized by: its pending rows; for files still validated, the rows each has so far
     (its highest pending index + 1): a round of a file that is still growing sees only what the last rounds left,
-    and cutting it into base-size units made 1.7x as many units of a 200 MB file (each one's fixed cost paid)."""
+    and base-size units of that would each pay a unit's fixed cost."""
     if not growing:
         return len(members)
     highest: dict[str, int] = {}

@@ -103,7 +103,7 @@ ANALYZE_AFTER_ROWS = 1000  # a job this big changes the requests table's shape: 
 def refresh_statistics(ctx: AppContext, rows: int) -> None:
     """PostgreSQL plans every later move of a job's rows on the table's statistics; just after a bulk insert they
     still describe the table without them (autovacuum renews them a minute later at best, never where it is off),
-    and plans made on them scanned the whole table for each unit planned (quadratic: 140 s to dispatch 50,000)."""
+    and plans made on them scanned the whole table for each unit planned (quadratic in the job's size)."""
     if rows < ANALYZE_AFTER_ROWS:
         return
     with ctx.sessions() as session:

@@ -46,9 +46,9 @@ def plan_units(session, batch: list[PlannedUnit]) -> dict[str, int]:
     """Claim each plan's requests that are still pending in a runnable job (rows another dispatcher or a cancel
     holds are skipped) and record a unit over them; returns how many each unit holds (units that claimed none are
     not recorded). PostgreSQL: the whole batch in three statements (the units' INSERT, one SELECT FOR UPDATE SKIP
-    LOCKED on arrays, one UPDATE): a unit each, with expanded IN lists, cost 40 us a request of the dispatch.
+    LOCKED on arrays, one UPDATE), whatever its size: a statement a unit, with IN lists, cost a round trip each.
     The claim is the SELECT and the UPDATE, not one UPDATE over a locking subquery: planned on fresh statistics, that
-    one became a nested loop running the subquery once a row (15 s for 4,000 rows)."""
+    one can become a nested loop running the subquery once a row."""
     if session.get_bind().dialect.name != "postgresql":
         held = {unit_id: _plan_unit(session, unit_id, plan, queue, model) for unit_id, plan, queue, model in batch}
         return {unit_id: n for unit_id, n in held.items() if n}
