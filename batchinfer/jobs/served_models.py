@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import Iterable
-
 from batchinfer.context import AppContext
-from batchinfer.errors import shown
 from batchinfer.settings import Settings
 
 
@@ -37,9 +34,3 @@ def served_models(ctx: AppContext) -> dict[str, ServedModel]:
 def model_settings(settings: Settings, model: ServedModel) -> Settings:
     """The settings a process would run `model` with (its tokenizer and context come from them)."""
     return settings.for_model(model.id) or settings.model_copy(update={"model": model.path, "model_id": model.id})
-
-
-def not_served(model, served: Iterable[str]) -> str:
-    """The one line a batch (or a line) naming a model nobody serves fails with: the served ones listed."""
-    names = ", ".join(repr(m) for m in served) or "none"
-    return f"model {shown(model)} is not served here (served: {names})"

@@ -3,25 +3,17 @@ every status change: jobs.state)."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import BinaryIO, Callable
 
 from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.errors import BatchInferError, JobNotFound, excerpt
-from batchinfer.jobs.tenancy import scopes
-from batchinfer.jobs import record_store
-from batchinfer.jobs.intake import submission
+from batchinfer.errors import BatchInferError, JobNotFound
+from batchinfer.jobs.intake.submission import create_job
 from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending
-from batchinfer.jobs.state import intake as state
-
-
-def new_job_id() -> str:
-    return f"batch_{uuid.uuid4().hex}"
 
 
 def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | None = None,
@@ -40,40 +32,6 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
     except KeyboardInterrupt:  # whoever submitted stopped it: it ends now, rather than run after the sweep finds it
         cancel(ctx, job.id)
         raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
-
-
-def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
-               model: str | None = None, metadata: dict | None = None, completion_window: str | None = None,
-               skip_invalid: bool = False, priority: int = 0, now: float | None = None, **fields) -> Job:
-    """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file, not copied),
-    else `source`, streamed to the job's own input key. `fields` are further Job columns (owner_id, ...).
-    If storing `source` fails, the job is failed at once naming the cause, and the error is raised."""
-    model = submission.check_model(ctx, model)
-    window = submission.completion_window_s(ctx, completion_window)
-    metadata = submission.check_metadata(ctx, metadata)
-    submission.check_active_limit(ctx, fields.get("owner_id"))
-    fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
-    now = now or time.time()
-    job_id = new_job_id()
-    job = state.create_job(ctx, id=job_id, model=model, input_filename=filename, metadata_=metadata,
-                           skip_invalid=skip_invalid, priority=priority, completion_window_s=window, created_at=now,
-                           expires_at=now + window, input_key=input_key or record_store.job_input(job_id), errors=[],
-                           **fields)
-    if source is not None:
-        _store_input(ctx, job, source)
-    return job
-
-
-def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
-    try:
-        ctx.storage.upload(job.input_key or record_store.job_input(job.id), source)
-    except Exception as exc:  # storage down: the job can never run, so it ends now rather than at the sweep
-        cause = f"could not store the input file: {type(exc).__name__}: {excerpt(str(exc))}"
-        try:
-            state.fail_validation(ctx, job.id, cause)
-        except Exception:  # the database is down too: the sweep fails it once validation_stale_s has passed
-            pass
-        raise BatchInferError(f"job {job.id}: {cause}") from exc
 
 
 # `owner` scopes a call to one tenant: another tenant's job answers exactly as a missing one.

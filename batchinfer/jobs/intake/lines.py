@@ -20,7 +20,6 @@ from batchinfer.jobs.endpoints.responses import ResponsesBody
 from batchinfer.jobs.endpoints.sampling import Sampling
 from batchinfer.jobs.intake.line_problems import Problem, first, one_per_param, problems
 from batchinfer.jobs.records import LineError, PreparedRequest, ValidationReport
-from batchinfer.jobs.served_models import not_served
 from batchinfer.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
@@ -134,6 +133,12 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
         report.file_error = True
         record(LineError(None, "empty_file", "the file has no requests"))
     return report
+
+
+def not_served(model, served: Iterable[str]) -> str:
+    """The one line a batch (or a line) naming a model nobody serves fails with: the served ones listed."""
+    names = ", ".join(repr(m) for m in served) or "none"
+    return f"model {shown(model)} is not served here (served: {names})"
 
 
 def unserved_model_report(model, served: Iterable[str]) -> ValidationReport:

@@ -1,19 +1,65 @@
-"""What every new batch is checked against, whoever submits it (CLI or API): its model, completion window,
-metadata and the number of unfinished batches its owner may have."""
+"""A new batch, whoever submits it (CLI or API): checked (its model, completion window, metadata and the
+number of unfinished batches its owner may have), given its cache scope, recorded in `validating`, and its
+input stored."""
 from __future__ import annotations
+
+import time
+import uuid
+from typing import BinaryIO
 
 from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.errors import InvalidRequest, TooManyActive, shown
+from batchinfer.errors import BatchInferError, InvalidRequest, TooManyActive, excerpt, shown
+from batchinfer.jobs import record_store
 from batchinfer.jobs.endpoints.fields import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE
-from batchinfer.jobs.served_models import not_served, served_models
+from batchinfer.jobs.intake.lines import not_served
+from batchinfer.jobs.served_models import served_models
+from batchinfer.jobs.state import intake as state
+from batchinfer.jobs.tenancy import scopes
 from batchinfer.jobs.webhooks import events as webhook_events
 from batchinfer.jobs.user_text import has_control
 from batchinfer.jobs.webhooks.target import check_url
 from batchinfer.settings import parse_duration
 
+
+def new_job_id() -> str:
+    return f"batch_{uuid.uuid4().hex}"
+
+
+def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
+               model: str | None = None, metadata: dict | None = None, completion_window: str | None = None,
+               skip_invalid: bool = False, priority: int = 0, now: float | None = None, **fields) -> Job:
+    """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file, not copied),
+    else `source`, streamed to the job's own input key. `fields` are further Job columns (owner_id, ...).
+    If storing `source` fails, the job is failed at once naming the cause, and the error is raised."""
+    model = check_model(ctx, model)
+    window = completion_window_s(ctx, completion_window)
+    metadata = check_metadata(ctx, metadata)
+    check_active_limit(ctx, fields.get("owner_id"))
+    fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
+    now = now or time.time()
+    job_id = new_job_id()
+    job = state.create_job(ctx, id=job_id, model=model, input_filename=filename, metadata_=metadata,
+                           skip_invalid=skip_invalid, priority=priority, completion_window_s=window, created_at=now,
+                           expires_at=now + window, input_key=input_key or record_store.job_input(job_id), errors=[],
+                           **fields)
+    if source is not None:
+        _store_input(ctx, job, source)
+    return job
+
+
+def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
+    try:
+        ctx.storage.upload(job.input_key or record_store.job_input(job.id), source)
+    except Exception as exc:  # storage down: the job can never run, so it ends now rather than at the sweep
+        cause = f"could not store the input file: {type(exc).__name__}: {excerpt(str(exc))}"
+        try:
+            state.fail_validation(ctx, job.id, cause)
+        except Exception:  # the database is down too: the sweep fails it once validation_stale_s has passed
+            pass
+        raise BatchInferError(f"job {job.id}: {cause}") from exc
 
 
 def check_model(ctx: AppContext, model: str | None) -> str:
