@@ -58,10 +58,8 @@ def submit(file: Path = typer.Argument(..., help=FILE_HELP),
         _report_invalid(batch_object(job), as_json)
     if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
         say(f"job {job.id} was cancelled while it validated: nothing of it runs")
-    elif ctx.settings.embedded:
-        _run_in_process(ctx, job, quiet=as_json)
     else:
-        _dispatch_soon(job.id)
+        _run_or_dispatch(ctx, job, quiet=as_json)
     job = service.get(ctx, job.id)
     if as_json:
         print(json.dumps(batch_object(job)))
@@ -134,10 +132,8 @@ def retry(job_id: str,
     job = validate_job(ctx, create_retry(ctx, job_id, codes=set(codes) or None, completion_window=completion_window).id)
     if job.status == JobStatus.FAILED:
         say(f"job {job.id} (the retry) failed validation")
-    elif ctx.settings.embedded:
-        _run_in_process(ctx, job, quiet=as_json)
     else:
-        _dispatch_soon(job.id)
+        _run_or_dispatch(ctx, job, quiet=as_json)
     job = service.get(ctx, job.id)
     print(json.dumps(batch_object(job)) if as_json else job.id)
 
@@ -202,6 +198,14 @@ def _first_named_model(file: Path) -> str | None:
             return first_named_model(source, get_settings().max_line_bytes)
     except OSError:  # the submit names the problem
         return None
+
+
+def _run_or_dispatch(ctx, job, quiet: bool) -> None:
+    """Without a broker the batch runs here; with one, a dispatch is asked for."""
+    if ctx.settings.embedded:
+        _run_in_process(ctx, job, quiet)
+    else:
+        _dispatch_soon(job.id)
 
 
 def _run_in_process(ctx, job, quiet: bool = False) -> None:
