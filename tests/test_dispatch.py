@@ -117,3 +117,26 @@ def test_a_file_still_validated_is_sized_by_the_rows_it_has_so_far():
     members = [PendingRequest("a", i, (1,), 1) for i in (900, 950)] + [PendingRequest("b", 10, (1,), 1)]
     assert _backlog(members, growing=False) == 3
     assert _backlog(members, growing=True) == 951 + 11
+
+
+def test_a_claim_on_sqlite_keeps_what_moved_when_a_request_changed_under_it(make_context, monkeypatch):
+    """SQLite locks no row for the claim's SELECT: a request that left `pending` between it and the UPDATE (a
+    validation that started over dropped it, say) is not planned, and the unit holds what moved; a unit left
+    holding nothing is not recorded. The embedded server once stopped its runs on this (ClaimMismatch)."""
+    from sqlalchemy import delete
+
+    from batchinfer.jobs.state import table
+
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:") for i in range(3)])
+    real = table.move_each
+
+    def one_dropped_meanwhile(session, t, rows, *args, **kwargs):
+        session.execute(delete(Request).where(Request.job_id == job.id, Request.index == 0))
+        return real(session, t, rows, *args, **kwargs)
+
+    monkeypatch.setattr(table, "move_each", one_dropped_meanwhile)
+    (unit,) = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=8))
+    with ctx.sessions() as session:
+        assert unit.num_requests == session.get(WorkUnit, unit.unit_id).num_requests == 2
+        assert sorted(session.scalars(select(Request.index).where(Request.unit_id == unit.unit_id))) == [1, 2]

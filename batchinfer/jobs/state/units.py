@@ -102,16 +102,18 @@ def _plan_unit(session, unit_id: str, plan: UnitPlan, queue: str, model: str | N
     session.flush()
     held = T.move_each(session, T.PLAN_REQUEST, [(j, i, wanted[j, i]) for j, i in claimed], ("unit_pos",),
                        unit_id=unit_id)
-    # the unit must hold exactly what it claimed: anything else rolls the whole batch back (nothing half-planned)
     if held < 0:
         held = session.scalar(select(func.count()).select_from(Request).where(Request.unit_id == unit_id))
-    if held != len(claimed):
-        raise ClaimMismatch(f"unit {unit_id} claimed {len(claimed)} requests but holds {held}")
-    return len(claimed)
+    if held != len(claimed):  # SQLite locked no row: one moved meanwhile (a validation started over, a cancel)
+        log.info("unit %s claimed %d requests, of which %d were still pending", unit_id, len(claimed), held)
+        session.execute(delete(WorkUnit).where(WorkUnit.id == unit_id) if not held else
+                        update(WorkUnit).where(WorkUnit.id == unit_id).values(num_requests=held))
+    return held
 
 
 class ClaimMismatch(RuntimeError):
-    """A unit's claim did not move every request it locked: its transaction is rolled back, nothing planned."""
+    """A batch's claim did not move every request it locked (PostgreSQL): its transaction is rolled back, nothing
+    planned."""
 
 
 def requeue_orphans(ctx: AppContext, now: float, grace_s: float) -> int:
