@@ -1,0 +1,15 @@
+// The integer kernel over GGUF's block types: repack, de-quantize, quantize activations, and the GEMM
+// y[M, N] = x[M, K] @ W[N, K]^T with W packed (qtypes.h) and x quantized per row (acts.h).
+// Paths, chosen per call: 0 the scalar reference, 1 AVX2, 2 AVX-512 VNNI, 3 AMX; all give the same bits.
+// Built with AVX2 flags; the AVX-512 and AMX code carries its own target, so one library serves every CPU.
+#include "gemm_avx2.h"
+#include "gemm_amx.h"
+
+void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
+          const uint8_t *w, int64_t N, float *y, int64_t ldy, int path, int threads) {
+    const act_t A = {xq, xd, xs, xbs, K};
+    if (path == 3) GEMM_AMX[t](&A, M, w, N, y, ldy, threads);
+    else if (path == 2) GEMM_VNNI[t](&A, M, w, N, y, ldy, threads);
+    else if (path == 1) GEMM_AVX2[t](&A, M, w, N, y, ldy, threads);
+    else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);
+}
