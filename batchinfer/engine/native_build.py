@@ -34,19 +34,28 @@ def avx512_supported() -> bool:
     return cpu_supported(AVX512_CPU_FLAGS)
 
 
-def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2) -> ctypes.CDLL:
-    """The library of `source`, built into cache_dir/kernels the first time (keyed by source and flags)."""
+def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
+                  extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The library of `source`, built into cache_dir/kernels the first time (keyed by source, the headers beside
+    it and the flags)."""
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
+    return ctypes.CDLL(str(built_library(source, cache_dir, what, isa, extra)))
+
+
+def built_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
+                  extra: tuple[str, ...] = ()) -> Path:
+    """build_library's file, compiled if needed but not loaded (safe in a thread beside other work)."""
     needed = AVX512_CPU_FLAGS if isa == AVX512 else CPU_FLAGS
     if not cpu_supported(needed):
         raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(needed)}")
-    flags = (*FLAGS, *isa)
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *isa, *extra)
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     path = Path(cache_dir) / "kernels" / f"{source.stem}-{key}.so"
     if not path.exists():
         _compile(source, path, what, flags)
-    return ctypes.CDLL(str(path))
+    return path
 
 
 def _compile(source: Path, path: Path, what: str, flags: tuple[str, ...]) -> None:

@@ -147,8 +147,6 @@ def _run_batch(requests: list[UnitRequest], generator: Generator, worker: str, o
         line["metrics"]["dtype"] = dtype  # which dtype and weights answered: outputs compare only within one
         if weights:
             line["metrics"]["weight_format"] = weights.split(" ")[0]
-            if weights.endswith(", activations int8"):  # EngineConfig.weights_note; float32 is not recorded
-                line["metrics"]["activation_format"] = "int8"
         records[r.key] = UnitResult(r.job_id, p.index, p.line, True, line, sum(x.prompt_tokens for x in found),
                                     sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
     return records

@@ -34,7 +34,7 @@ def test_dtype_auto_resolves_to_float32_on_cpu_and_says_why():
 
 
 def test_weight_format_auto_is_the_default_and_dense_off_cpu():
-    assert EngineConfig().weight_format == "auto"  # the loader decides on CPU (quant_weights.load_quant)
+    assert EngineConfig().weight_format == "auto"  # the loader decides on CPU (gguf/load.gguf_choice)
     meta = EngineConfig(device="meta")
     assert meta.weights_note == "dense (auto: meta)"
     assert EngineConfig(weight_format="dense").weights_note == "dense (asked)"

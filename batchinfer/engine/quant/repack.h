@@ -2,7 +2,7 @@
 #pragma once
 #include "qtypes.h"
 
-static inline int64_t packed_bytes(int t, int64_t n, int64_t k) {
+int64_t packed_bytes(int t, int64_t n, int64_t k) {
     return (n + PANEL - 1) / PANEL * (k / QT[t].sb) * layout_of(t).record_bytes;
 }
 
@@ -44,8 +44,10 @@ static void write_record(const int t, const block_t *blk, uint8_t *rec) {
     }
 }
 
-// raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes(t, N, K)).
-void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, uint8_t *out, int threads) {
+// raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes(t, N, K)); output channel n is raw
+// row rows[n] (rows NULL: row n), which undoes a file's row order (llama.cpp's RoPE permutation of q and k).
+void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
+            int threads) {
     const int64_t nsb = K / QT[t].sb, panels = (N + PANEL - 1) / PANEL;
     const int rec = layout_of(t).record_bytes;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -54,7 +56,7 @@ void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, 
         for (int64_t s = 0; s < nsb; s++) {
             for (int n = 0; n < PANEL; n++) {
                 const int64_t row = p * PANEL + n;
-                if (row < N) decode_block(t, raw + row * row_bytes + s * QT[t].block_bytes, &blk[n]);
+                if (row < N) decode_block(t, raw + (rows ? rows[row] : row) * row_bytes + s * QT[t].block_bytes, &blk[n]);
                 else memset(&blk[n], 0, sizeof blk[n]);
             }
             write_record(t, blk, out + (p * nsb + s) * rec);

@@ -1,0 +1,157 @@
+"""A GGUF file loaded for the engine in its own blocks: nothing de-quantized to float but the rows a step embeds.
+
+First load (an empty cache): the kernel compiles in the background while the metadata becomes config.json and
+the tokenizer files (transformers' GGUF tokenizer converter), then the projections are repacked into one cache
+file (gguf/packed_file.py). Later loads read the small files and map the packed one. Norms are copied (small);
+the embedding rows are de-quantized as each step looks them up, straight from the mapped GGUF.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ..file_key import file_key
+from ..quant.kernel import Kernel, load_kernel, start_build
+from ..quant.packed import StackedWeight, dequantize_rows
+from ..quant.packed_file import Source, drop, packed_weights, quantize_q8_0
+from ..unsupported import UnsupportedGGUF
+from .config import hf_config
+from .reader import GGUFFile
+from .tensors import FLOATS, Part, dense_tensors, projections, rope_rows
+
+log = logging.getLogger(__name__)
+LAYOUT_VERSION = 1
+
+
+@dataclass
+class QuantEmbedding:
+    """token_embd in its GGUF blocks: the looked-up rows de-quantized (exactly as gguf's dequantize) per step."""
+    raw: np.ndarray
+    qtype: str
+    vocab: int
+    dim: int
+    kernel: Kernel
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(self.kernel, self.qtype, self.raw, self.vocab, self.dim, ids)
+
+
+@dataclass
+class GGUFModel:
+    tree: SimpleNamespace  # config and generation_config, as the engine reads a checkpoint
+    folder: Path  # config.json, the tokenizer files and the packed weights
+    weights: dict[str, object]  # norms (tensors) and the embedding
+    quant: dict[str, StackedWeight]  # every projection and the LM head
+    kinds: str  # the block types, for the start-up line
+
+
+def cache_folder(path: Path, cache_dir: str | Path) -> Path:
+    return Path(cache_dir) / "engine" / f"{path.stem}-{file_key(path, LAYOUT_VERSION)}-gguf"
+
+
+def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[str, str]:
+    """("gguf" or "dense", why) for weight_format "auto" or "gguf". A file the kernel cannot read (an unknown
+    architecture or block type) raises UnsupportedGGUF, one line naming the tensor; so does "gguf" on a CPU
+    without the kernel's instructions."""
+    from ..quant.kernel import CPU_FLAGS, supported
+
+    if not supported():
+        if weight_format == "gguf":
+            raise UnsupportedGGUF(f"weight_format gguf needs a CPU with {', '.join(CPU_FLAGS)}")
+        return "dense", f"auto: the integer kernel needs {'/'.join(CPU_FLAGS)}"
+    g = GGUFFile(path)
+    plan = projections(g, hf_config(g))
+    types = {g.tensors[part.tensor].type for p in plan for part in p.parts}
+    if weight_format == "auto" and types <= set(FLOATS):
+        return "dense", f"auto: the GGUF's projections are {'/'.join(sorted(types))}, not quantized blocks"
+    return "gguf", "asked" if weight_format == "gguf" else "auto: the GGUF's own blocks, integer dot products"
+
+
+def small_files(path: str | Path, cache_dir: str | Path) -> Path:
+    """The folder with config.json and the tokenizer's files of a GGUF, written from its metadata if missing."""
+    folder = cache_folder(Path(path), cache_dir)
+    if not (folder / "config.json").exists():
+        g = GGUFFile(path)
+        _write_small_files(g, hf_config(g), folder)
+    return folder
+
+
+def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
+    started, path = time.time(), Path(path)
+    start_build(str(cache_dir))
+    g = GGUFFile(path)
+    config = hf_config(g)
+    plan = projections(g, config)
+    folder = cache_folder(path, cache_dir)
+    if not (folder / "config.json").exists():
+        _write_small_files(g, config, folder)
+    kernel = load_kernel(str(cache_dir))
+    packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "packed.bin")
+    quant = {p.name: StackedWeight([packed[part.tensor] for part in p.parts]) for p in plan}
+    weights: dict[str, object] = {name: torch.from_numpy(g.array(t).copy()) for name, t in dense_tensors(g, config).items()}
+    weights["embed"] = _embedding(g, kernel)
+    kinds = "/".join(sorted({w.qtype for s in quant.values() for w in s.parts}))
+    log.info("loaded %s in its own %s blocks in %.1f s", path.name, kinds, time.time() - started)
+    tree = SimpleNamespace(config=SimpleNamespace(**config), generation_config=SimpleNamespace())
+    return GGUFModel(tree, folder, weights, quant, kinds)
+
+
+def gguf_sources(g: GGUFFile, parts: list[Part]) -> list[Source]:
+    out = {}
+    for part in parts:  # a tied head appears once
+        info = g.tensors[part.tensor]
+        n, k = info.shape
+        float_type = info.type in FLOATS
+        out[part.tensor] = Source(part.tensor, "Q8_0" if float_type else info.type, n, k,
+                                  partial(_q8_0, g, part.tensor) if float_type else partial(g.raw, part.tensor),
+                                  rope_rows(n, part.heads) if part.heads else None,
+                                  partial(drop, g._map, info.offset, info.nbytes))
+    return list(out.values())
+
+
+def _q8_0(g: GGUFFile, name: str) -> np.ndarray:
+    return quantize_q8_0(g.array(name))
+
+
+def _embedding(g: GGUFFile, kernel: Kernel) -> object:
+    info = g.tensors["token_embd.weight"]
+    if info.type in FLOATS:
+        return torch.from_numpy(g.array("token_embd.weight").copy())
+    return QuantEmbedding(g.raw("token_embd.weight"), info.type, info.shape[0], info.shape[1], kernel)
+
+
+def _write_small_files(g: GGUFFile, config: dict, folder: Path) -> None:
+    """config.json and the tokenizer's files, written beside and renamed into place (concurrent loads are safe)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        write_tokenizer(g, tmp)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not (folder / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_tokenizer(g: GGUFFile, folder: Path) -> None:
+    """tokenizer.json and tokenizer_config.json (with the chat template) from the file's metadata alone."""
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(g.path))
+    tokenizer, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | extra, indent=1))
