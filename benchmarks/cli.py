@@ -5,6 +5,7 @@ import typer
 from .api import bench_api_command
 from .command import bench
 from .constrained import bench_constrained_command
+from .gguf_model import bench_make_model_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
 from .pipeline_command import bench_pipeline_command
@@ -22,3 +23,4 @@ app.command("load")(bench_load_command)
 app.command("pipeline")(bench_pipeline_command)
 app.command("plan")(bench_plan_command)
 app.command("constrained")(bench_constrained_command)
+app.command("make-model")(bench_make_model_command)

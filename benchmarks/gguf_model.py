@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import typer
 
 FTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_M", "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K")
 
@@ -129,3 +130,19 @@ def quantize(source: Path, target: Path, ftype: str) -> float:
         raise RuntimeError(f"llama_model_quantize {ftype} failed ({rc})")
     Path(tmp).rename(target)
     return time.time() - started
+
+
+def bench_make_model_command(
+    out: str = typer.Option(str(Path.home() / "models"), "--out", help="folder for the files"),
+    types: str = typer.Option("Q4_K_M,Q8_0", "--types", help=f"comma-separated, of {', '.join(FTYPES)}"),
+    layers: int = typer.Option(Shape.layers, help="decoder layers (16: the 1B-class model)"),
+    seed: int = typer.Option(0, help="the weights' random seed"),
+) -> None:
+    """Write the 1B-class random Llama GGUF (F16) and llama.cpp's quantizations of it."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter("llama.cpp's quantizer is not installed: make llamacpp") from None
+    for path in make_models(Path(out).expanduser(), [t.strip() for t in types.split(",") if t.strip()],
+                            Shape(layers=layers), seed):
+        typer.echo(f"{path} ({path.stat().st_size / 2**20:.0f} MiB)")
