@@ -5,6 +5,7 @@ import typer
 from .api import bench_api_command
 from .command import bench
 from .constrained import bench_constrained_command
+from .fidelity import bench_fidelity_command
 from .gguf_model import bench_make_model_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
@@ -24,3 +25,4 @@ app.command("pipeline")(bench_pipeline_command)
 app.command("plan")(bench_plan_command)
 app.command("constrained")(bench_constrained_command)
 app.command("make-model")(bench_make_model_command)
+app.command("fidelity")(bench_fidelity_command)
