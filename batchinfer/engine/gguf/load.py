@@ -97,7 +97,7 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     if not (folder / "config.json").exists():
         _write_small_files(g, config, folder)
     kernel = load_kernel(str(cache_dir))
-    packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "packed.bin")
+    packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "weights.packed")
     quant = {p.name: StackedWeight([packed[part.tensor] for part in p.parts]) for p in plan}
     weights: dict[str, object] = {name: torch.from_numpy(g.array(t).copy()) for name, t in dense_tensors(g, config).items()}
     weights["embed"] = _embedding(g, kernel)

@@ -10,11 +10,12 @@
 #include "qtypes.h"
 
 typedef struct {
-    const int8_t *q;     // [rows][K] (rows padded to 16 with zeros for the AMX tiles)
+    const int8_t *q;     // [rows][K] (rows padded to 32 with zeros for the AMX tiles)
     const float *d;      // [M][K / sb]: per block (32-types) or super-block (K-quants)
     const float *s;      // [M][K / 32]: fp16(d * sum(q)), 32-types only
     const int32_t *bsum; // [M][K / 32] (32-types) or [M][K / 16] (K-quants): sums of q
     int64_t K;
+    const uint32_t *pairs; // K-quants: [M][K / 256][8], the groups' sums of q two by two as int16 pairs (gemm makes them)
 } act_t;
 
 static inline float hmax8(__m256 v) {
@@ -94,7 +95,8 @@ static void quantize_row_q8_K(const float *x, int64_t K, int8_t *q, float *d, in
     }
 }
 
-// x [M, K] float32 -> the activations of weight type t's scheme (q padded to rows_padded rows of zeros).
+// x [M, K] float32 -> the activations of weight type t's scheme (q padded to rows_padded rows of zeros, a
+// multiple of 32).
 void quantize_acts(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
                    int32_t *bsum, int threads) {
     const int kq = QT[t].kquant;

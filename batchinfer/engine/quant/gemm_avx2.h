@@ -80,7 +80,7 @@ INL2 __m256i offset_sum2(const int t, const uint8_t *rec, int h, const act_t *A,
         const __m256i lo = q.mins ? _mm256_cvtepu8_epi32(a) : _mm256_cvtepi8_epi32(a);
         const __m256i hi = q.mins ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
         const __m256i pair = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
-        const uint32_t two = (uint32_t)(group_qsum(t, A, m, s, 2 * i) & 0xFFFF) | ((uint32_t)group_qsum(t, A, m, s, 2 * i + 1) << 16);
+        const uint32_t two = A->pairs[(m * (A->K / QK) + s) * 8 + i];
         osb = _mm256_add_epi32(osb, _mm256_madd_epi16(pair, _mm256_set1_epi32((int)two)));
     }
     return osb;

@@ -46,14 +46,25 @@ INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
 
 INL __m512 load_fp16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-// 32-types: one block's dot (int32 per channel) into acc.
-INL __m512 block_step(const int t, __m512i dot, const uint8_t *rec, const act_t *A, int64_t m, int64_t b, __m512 acc) {
+// 32-types: a block's weight scales (d_w, and m_w for a min) for the 16 channels, loaded once for all its rows.
+typedef struct {
+    __m512 d, m;
+} block_scales_t;
+
+INL block_scales_t block_scales(const int t, const uint8_t *rec) {
+    block_scales_t sc = {load_fp16x16(rec), _mm512_setzero_ps()};
+    if (QT[t].mins) sc.m = load_fp16x16(rec + layout_of(t).off_dm);
+    return sc;
+}
+
+// One row's block dot (int32 per channel) into acc; `folded`: the zero point's share is already out of dot.
+INL __m512 block_step(const int t, __m512i dot, block_scales_t sc, int folded, const act_t *A, int64_t m, int64_t b,
+                      __m512 acc) {
     const qtype_t q = QT[t];
-    const int64_t nb = A->K / 32;
-    if (q.z) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q.z * A->bsum[m * nb + b]));
-    const __m512 scale = _mm512_mul_ps(load_fp16x16(rec), _mm512_set1_ps(A->d[m * nb + b]));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
-    if (q.mins) acc = _mm512_fmadd_ps(load_fp16x16(rec + layout_of(t).off_dm), _mm512_set1_ps(A->s[m * nb + b]), acc);
+    const int64_t i = m * (A->K / 32) + b;
+    if (q.z && !folded) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q.z * A->bsum[i]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sc.d, _mm512_set1_ps(A->d[i])), acc);
+    if (q.mins) acc = _mm512_fmadd_ps(sc.m, _mm512_set1_ps(A->s[i]), acc);
     return acc;
 }
 
@@ -73,11 +84,9 @@ INL void group_pairs(const int t, const uint8_t *rec, __m512i *pairs) {
 }
 
 INL __m512i offset_sum(const int t, const __m512i *pairs, const act_t *A, int64_t m, int64_t s) {
+    const uint32_t *sums = A->pairs + (m * (A->K / QK) + s) * 8;
     __m512i osb = _mm512_setzero_si512();
-    for (int i = 0; i < layout_of(t).groups / 2; i++) {
-        const uint32_t two = (uint32_t)(group_qsum(t, A, m, s, 2 * i) & 0xFFFF) | ((uint32_t)group_qsum(t, A, m, s, 2 * i + 1) << 16);
-        osb = _mm512_dpwssd_epi32(osb, pairs[i], _mm512_set1_epi32((int)two));
-    }
+    for (int i = 0; i < layout_of(t).groups / 2; i++) osb = _mm512_dpwssd_epi32(osb, pairs[i], _mm512_set1_epi32((int)sums[i]));
     return osb;
 }
 
@@ -121,10 +130,11 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
             __m512i v[8];
             decode_group(t, rec + L.off_codes + g * L.group_bytes, v);
             const __m512i sc = q.kquant ? group_scales(t, rec, g) : _mm512_setzero_si512();
+            const block_scales_t bs = q.kquant ? (block_scales_t){} : block_scales(t, rec);
             for (int r = 0; r < R; r++) {
                 const __m512i dot = group_dot(L.vecs, v, A->q + (m0 + r) * K + s * q.sb + g * q.g);
                 if (q.kquant) isb[r] = _mm512_add_epi32(isb[r], _mm512_mullo_epi32(dot, sc));
-                else acc[r] = block_step(t, dot, rec, A, m0 + r, s, acc[r]);
+                else acc[r] = block_step(t, dot, bs, 0, A, m0 + r, s, acc[r]);
             }
         }
         if (q.kquant) {

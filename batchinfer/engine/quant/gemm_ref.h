@@ -19,6 +19,17 @@ static inline int32_t group_qsum(const int t, const act_t *A, int64_t m, int64_t
     return q.g == 32 ? b[2 * g] + b[2 * g + 1] : b[g];
 }
 
+// The pairs of act_t: group sums of q, two groups a word (|sum| <= 32 * 128 fits int16), for vpdpwssd.
+static void make_pairs(const int t, const act_t *A, int64_t M, uint32_t *out) {
+    const int64_t nsb = A->K / QK;
+    const int groups = QK / QT[t].g;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t s = 0; s < nsb; s++)
+            for (int i = 0; i < 8; i++)
+                out[(m * nsb + s) * 8 + i] = 2 * i + 1 >= groups ? 0 :
+                    ((uint32_t)group_qsum(t, A, m, s, 2 * i) & 0xFFFF) | ((uint32_t)group_qsum(t, A, m, s, 2 * i + 1) << 16);
+}
+
 static float dot_ref(const int t, const act_t *A, int64_t m, const uint8_t *panel, int n) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
@@ -56,7 +67,7 @@ static float dot_ref(const int t, const act_t *A, int64_t m, const uint8_t *pane
 
 void gemm_ref(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
               const uint8_t *w, int64_t N, float *y, int64_t ldy) {
-    const act_t A = {xq, xd, xs, xbs, K};
+    const act_t A = {xq, xd, xs, xbs, K, NULL};
     const int64_t panel_bytes = (K / QT[t].sb) * layout_of(t).record_bytes;
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)

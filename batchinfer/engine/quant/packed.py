@@ -20,7 +20,7 @@ PANEL = 16
 @dataclass
 class Acts:
     """x quantized for one scheme: 32-types (Q8_0/Q8_1) or K-quants (Q8_K)."""
-    q: torch.Tensor  # int8 [rows padded to 16, K]
+    q: torch.Tensor  # int8 [rows padded to 32, K]
     d: torch.Tensor
     s: torch.Tensor
     bsum: torch.Tensor
@@ -30,7 +30,7 @@ class Acts:
 def quantize(kernel: Kernel, qtype: str, x: torch.Tensor) -> Acts:
     m, k = x.shape
     sb = SUPER[qtype]
-    padded = -(-m // PANEL) * PANEL
+    padded = -(-m // 32) * 32  # two AMX tiles of 16 rows
     q = torch.empty(padded, k, dtype=torch.int8)
     d = torch.empty(m, k // sb, dtype=torch.float32)
     s = torch.empty(m, k // 32 if sb == 32 else 1, dtype=torch.float32)

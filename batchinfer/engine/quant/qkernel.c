@@ -2,14 +2,18 @@
 // y[M, N] = x[M, K] @ W[N, K]^T with W packed (qtypes.h) and x quantized per row (acts.h).
 // Paths, chosen per call: 0 the scalar reference, 1 AVX2, 2 AVX-512 VNNI, 3 AMX; all give the same bits.
 // Built with AVX2 flags; the AVX-512 and AMX code carries its own target, so one library serves every CPU.
+#include <stdlib.h>
 #include "gemm_avx2.h"
 #include "gemm_amx.h"
 
 void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
           const uint8_t *w, int64_t N, float *y, int64_t ldy, int path, int threads) {
-    const act_t A = {xq, xd, xs, xbs, K};
+    uint32_t *pairs = QT[t].kquant ? malloc((size_t)(M * (K / QK) * 8) * sizeof(uint32_t)) : NULL;
+    const act_t A = {xq, xd, xs, xbs, K, pairs};
+    if (pairs) make_pairs(t, &A, M, pairs);
     if (path == 3) GEMM_AMX[t](&A, M, w, N, y, ldy, threads);
     else if (path == 2) GEMM_VNNI[t](&A, M, w, N, y, ldy, threads);
     else if (path == 1) GEMM_AVX2[t](&A, M, w, N, y, ldy, threads);
     else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);
+    free(pairs);
 }
