@@ -146,3 +146,28 @@ def bench_make_model_command(
     for path in make_models(Path(out).expanduser(), [t.strip() for t in types.split(",") if t.strip()],
                             Shape(layers=layers), seed):
         typer.echo(f"{path} ({path.stat().st_size / 2**20:.0f} MiB)")
+
+
+def make_safetensors(out: Path, shape: Shape = Shape(), dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """The same shape as a Hugging Face folder (random weights, std 0.02, SmolLM2's tokenizer) in `dtype`: the
+    bf16/fp16 checkpoints people download, for the dense, q8_0-at-load and bf16 comparisons."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from batchinfer.engine.loader import default_model_path, model_files_dir
+    from batchinfer.settings import get_settings
+
+    folder = out / f"llama-{shape.hidden}h{shape.layers}l-{dtype}"
+    if (folder / "model.safetensors").exists():
+        return folder
+    tokenizer = model_files_dir(default_model_path(), get_settings().model_cache)
+    config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
+                         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=49152,
+                         max_position_embeddings=shape.context, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.02)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((tokenizer / name).read_bytes())
+    return folder

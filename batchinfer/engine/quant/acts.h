@@ -97,7 +97,7 @@ static void quantize_row_q8_K(const float *x, int64_t K, int8_t *q, float *d, in
 
 // x [M, K] float32 -> the activations of weight type t's scheme (q padded to rows_padded rows of zeros, a
 // multiple of 32).
-void quantize_acts(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
+static void quantize_rows(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
                    int32_t *bsum, int threads) {
     const int kq = QT[t].kquant;
 #pragma omp parallel for num_threads(threads) schedule(static)

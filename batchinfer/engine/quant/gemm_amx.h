@@ -36,7 +36,7 @@ typedef struct {
 } __attribute__((packed)) tile_config_t;
 
 // Linux hands AMX state to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): 0 when granted.
-int amx_init(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
+static int request_amx(void) { return (int)syscall(SYS_arch_prctl, 0x1023, 18); }
 
 // K-quants: every tile 16 x 64 bytes. 32-types: activations and codes of one block (K = 32).
 static void configure_tiles(int kquant) {
@@ -205,38 +205,5 @@ INL void block_rows(const int t, const act_t *A, int64_t m0, int rows, const uin
     }
     for (int r = 0; r < rows; r++) store_row(y + (m0 + r) * ldy, acc[r], ncols);
 }
-
-#define AMX_TYPE(T) \
-    static void gemm_amx_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
-        const int64_t panels = (N + PANEL - 1) / PANEL, nsb = A->K / QT[T].sb;                                            \
-        const int64_t bytes = nsb * layout_of(T).record_bytes;                                                            \
-        _Pragma("omp parallel num_threads(threads)")                                                                      \
-        {                                                                                                                 \
-            /* K-quants: two super-blocks' planes and the rows' sums; 32-types: the panel's codes */                       \
-            uint8_t *scratch = aligned_alloc(64, (size_t)(QT[T].kquant ? 16384 : A->K * PANEL));                          \
-            float *acc = aligned_alloc(64, (size_t)((M + 31) / 32 * 32 * PANEL) * sizeof(float));                         \
-            configure_tiles(QT[T].kquant);                                                                      \
-            _Pragma("omp for schedule(static)")                                                                           \
-            for (int64_t p = 0; p < panels; p++) {                                                                        \
-                const int ncols = (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL);                                   \
-                const uint8_t *panel = w + p * bytes;                                                                     \
-                if (QT[T].kquant) {                                                                                       \
-                    kquant_panel(T, A, M, panel, scratch, acc, y + p * PANEL, ldy, ncols);                                \
-                    continue;                                                                                             \
-                }                                                                                                         \
-                decode_codes(T, panel, nsb, scratch);                                                                     \
-                for (int64_t m = 0; m < M; m += 16)                                                                       \
-                    block_rows(T, A, m, (int)(M - m < 16 ? M - m : 16), panel, scratch, y + p * PANEL, ldy, ncols);       \
-            }                                                                                                             \
-            _tile_release();                                                                                              \
-            free(scratch);                                                                                                \
-            free(acc);                                                                                                    \
-        }                                                                                                                 \
-    }
-AMX_TYPE(Q4_0) AMX_TYPE(Q4_1) AMX_TYPE(Q5_0) AMX_TYPE(Q5_1) AMX_TYPE(Q8_0)
-AMX_TYPE(Q2_K) AMX_TYPE(Q3_K) AMX_TYPE(Q4_K) AMX_TYPE(Q5_K) AMX_TYPE(Q6_K)
-
-static const gemm_fn GEMM_AMX[NTYPES] = {gemm_amx_Q4_0, gemm_amx_Q4_1, gemm_amx_Q5_0, gemm_amx_Q5_1, gemm_amx_Q8_0,
-                                         gemm_amx_Q2_K, gemm_amx_Q3_K, gemm_amx_Q4_K, gemm_amx_Q5_K, gemm_amx_Q6_K};
 
 #pragma GCC pop_options

@@ -147,30 +147,13 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
     for (int r = 0; r < R; r++) store_row(y + (m0 + r) * ldy, acc[r], ncols);
 }
 
+// Tiles of 6 rows, the rest in tiles of 4, 2 and 1 (fewer copies of panel_rows to compile than one per count).
 INL void panel_vnni(const int t, const act_t *A, int64_t M, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
     int64_t m = 0;
     for (; m + MAX_ROWS <= M; m += MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, y, ldy, ncols);
-    switch (M - m) {
-    case 1: panel_rows(t, 1, A, m, panel, y, ldy, ncols); break;
-    case 2: panel_rows(t, 2, A, m, panel, y, ldy, ncols); break;
-    case 3: panel_rows(t, 3, A, m, panel, y, ldy, ncols); break;
-    case 4: panel_rows(t, 4, A, m, panel, y, ldy, ncols); break;
-    case 5: panel_rows(t, 5, A, m, panel, y, ldy, ncols); break;
-    default: break;
-    }
+    if (M - m >= 4) panel_rows(t, 4, A, m, panel, y, ldy, ncols), m += 4;
+    if (M - m >= 2) panel_rows(t, 2, A, m, panel, y, ldy, ncols), m += 2;
+    if (M - m == 1) panel_rows(t, 1, A, m, panel, y, ldy, ncols);
 }
-
-#define VNNI_TYPE(T) \
-    static void gemm_vnni_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
-        const int64_t panels = (N + PANEL - 1) / PANEL, bytes = (A->K / QT[T].sb) * layout_of(T).record_bytes;               \
-        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                                  \
-        for (int64_t p = 0; p < panels; p++)                                                                               \
-            panel_vnni(T, A, M, w + p * bytes, y + p * PANEL, ldy, (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL)); \
-    }
-VNNI_TYPE(Q4_0) VNNI_TYPE(Q4_1) VNNI_TYPE(Q5_0) VNNI_TYPE(Q5_1) VNNI_TYPE(Q8_0)
-VNNI_TYPE(Q2_K) VNNI_TYPE(Q3_K) VNNI_TYPE(Q4_K) VNNI_TYPE(Q5_K) VNNI_TYPE(Q6_K)
-
-static const gemm_fn GEMM_VNNI[NTYPES] = {gemm_vnni_Q4_0, gemm_vnni_Q4_1, gemm_vnni_Q5_0, gemm_vnni_Q5_1, gemm_vnni_Q8_0,
-                                          gemm_vnni_Q2_K, gemm_vnni_Q3_K, gemm_vnni_Q4_K, gemm_vnni_Q5_K, gemm_vnni_Q6_K};
 
 #pragma GCC pop_options

@@ -65,7 +65,7 @@ static float dot_ref(const int t, const act_t *A, int64_t m, const uint8_t *pane
     return acc;
 }
 
-void gemm_ref(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
+static void gemm_ref(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
               const uint8_t *w, int64_t N, float *y, int64_t ldy) {
     const act_t A = {xq, xd, xs, xbs, K, NULL};
     const int64_t panel_bytes = (K / QT[t].sb) * layout_of(t).record_bytes;

@@ -15,6 +15,7 @@ from ..cpuinfo import cpu_flags
 from ..native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
 
 SOURCE = Path(__file__).with_name("qkernel.c")
+UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it
 # the kernel's type numbers (qtypes.h), by GGML's names; SUPER: weights per (super-)block along K
 TYPES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9}
 SUPER = {name: (256 if name.endswith("_K") else 32) for name in TYPES}
@@ -23,7 +24,9 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K
 REFERENCE, AVX2, VNNI, AMX = 0, 1, 2, 3
 PATH_NAMES = {REFERENCE: "scalar reference", AVX2: "AVX2", VNNI: "AVX-512 VNNI", AMX: "AMX int8"}
 VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
-AMX_MIN_ROWS = 2  # AMX from this many rows: its per-call decode costs less than VNNI's per-row work past it
+# AMX from this many rows (measured on an AMX Xeon, one thread): below, VNNI's per-row dot products cost less
+# than AMX's decode per call; 32-types scale every block's tile, so they gain later than K-quants
+AMX_MIN_ROWS = {True: 8, False: 16}  # by K-quant
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,8 @@ class Kernel:
     lib: ctypes.CDLL
     path: int  # the fastest path this CPU runs
 
-    def path_for(self, rows: int) -> int:
-        return VNNI if self.path == AMX and rows < AMX_MIN_ROWS else self.path
+    def path_for(self, rows: int, qtype: str) -> int:
+        return VNNI if self.path == AMX and rows < AMX_MIN_ROWS[qtype.endswith("_K")] else self.path
 
     @property
     def name(self) -> str:
@@ -57,7 +60,7 @@ _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
 
 def start_build(cache_dir: str) -> Future:
     """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it."""
-    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=("-ffp-contract=off",))
+    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=("-ffp-contract=off",), units=UNITS)
 
 
 @lru_cache(maxsize=2)

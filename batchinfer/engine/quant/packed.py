@@ -57,7 +57,7 @@ class PackedWeight:
         rows = acts.rows
         self.kernel.lib.gemm(TYPES[self.qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(),
                              acts.bsum.data_ptr(), rows, self.k, self.data.ctypes.data, self.n, out.data_ptr(),
-                             out.stride(0), self.kernel.path_for(rows), torch.get_num_threads())
+                             out.stride(0), self.kernel.path_for(rows, self.qtype), torch.get_num_threads())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return StackedWeight([self])(x)

@@ -2,7 +2,7 @@
 #pragma once
 #include "qtypes.h"
 
-int64_t packed_bytes(int t, int64_t n, int64_t k) {
+static int64_t packed_bytes_of(int t, int64_t n, int64_t k) {
     return (n + PANEL - 1) / PANEL * (k / QT[t].sb) * layout_of(t).record_bytes;
 }
 
@@ -44,9 +44,9 @@ static void write_record(const int t, const block_t *blk, uint8_t *rec) {
     }
 }
 
-// raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes(t, N, K)); output channel n is raw
+// raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes_of(t, N, K)); output channel n is raw
 // row rows[n] (rows NULL: row n), which undoes a file's row order (llama.cpp's RoPE permutation of q and k).
-void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
+static void repack_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
             int threads) {
     const int64_t nsb = K / QT[t].sb, panels = (N + PANEL - 1) / PANEL;
     const int rec = layout_of(t).record_bytes;
@@ -65,7 +65,7 @@ void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, 
 }
 
 // Rows `ids` of a GGUF tensor as float32 [n_ids, K], as gguf's numpy dequantize gives them.
-void dequant_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n_ids,
+static void dequant_gguf_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n_ids,
                   float *out, int threads) {
     const int sb = QT[t].sb;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -107,7 +107,7 @@ static void unpack_column(const int t, const uint8_t *rec, int n, block_t *blk) 
 }
 
 // The packed weights back to float32 [N, K] (tests: the layout loses nothing).
-void dequant_packed(int t, const uint8_t *w, int64_t N, int64_t K, float *out) {
+static void dequant_panels(int t, const uint8_t *w, int64_t N, int64_t K, float *out) {
     const int64_t nsb = K / QT[t].sb;
     const int rec = layout_of(t).record_bytes;
     for (int64_t p = 0; p < (N + PANEL - 1) / PANEL; p++)
