@@ -28,10 +28,10 @@ from ..quant.packed_file import Source, drop, packed_weights, quantize_q8_0
 from ..unsupported import UnsupportedGGUF
 from .config import hf_config
 from .reader import GGUFFile
-from .tensors import FLOATS, Part, dense_tensors, projections, rope_rows
+from .tensors import FLOATS, Part, dense_tensors, projections
 
 log = logging.getLogger(__name__)
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: every family's config (rope_parameters, head_dim), experts packed one by one
 
 
 @dataclass
@@ -98,8 +98,8 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
         _write_small_files(g, config, folder)
     kernel = load_kernel(str(cache_dir))
     packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "packed.bin")
-    quant = {p.name: StackedWeight([packed[part.tensor] for part in p.parts]) for p in plan}
-    weights: dict[str, object] = {name: torch.from_numpy(g.array(t).copy()) for name, t in dense_tensors(g, config).items()}
+    quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}
+    weights: dict[str, object] = {name: _float(g, parts) for name, parts in dense_tensors(g, config).items()}
     weights["embed"] = _embedding(g, kernel)
     kinds = "/".join(sorted({w.qtype for s in quant.values() for w in s.parts}))
     log.info("loaded %s in its own %s blocks in %.1f s", path.name, kinds, time.time() - started)
@@ -110,18 +110,39 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
 def gguf_sources(g: GGUFFile, parts: list[Part]) -> list[Source]:
     out = {}
     for part in parts:  # a tied head appears once
-        info = g.tensors[part.tensor]
-        n, k = info.shape
-        float_type = info.type in FLOATS
-        out[part.tensor] = Source(part.tensor, "Q8_0" if float_type else info.type, n, k,
-                                  partial(_q8_0, g, part.tensor) if float_type else partial(g.raw, part.tensor),
-                                  rope_rows(n, part.heads) if part.heads else None,
-                                  partial(drop, g._map, info.offset, info.nbytes))
+        out[part.key] = _source(g, part)
     return list(out.values())
 
 
-def _q8_0(g: GGUFFile, name: str) -> np.ndarray:
-    return quantize_q8_0(g.array(name))
+def _source(g: GGUFFile, part: Part) -> Source:
+    """One matrix: a 2-D tensor, or one expert's rows of a 3-D one (the experts lie one after another)."""
+    info = g.tensors[part.tensor]
+    n, k = info.shape[-2:]
+    count = info.shape[0] if len(info.shape) == 3 else 1
+    size = info.nbytes // count
+    offset = info.offset + (part.expert or 0) * size
+    float_type = info.type in FLOATS
+    blocks = partial(_q8_0, g, part) if float_type else partial(_bytes, g, offset, size)
+    return Source(part.key, "Q8_0" if float_type else info.type, n, k, blocks, part.rows(n),
+                  partial(drop, g._map, offset, size))
+
+
+def _bytes(g: GGUFFile, offset: int, size: int) -> np.ndarray:
+    return g.bytes[offset:offset + size]
+
+
+def _q8_0(g: GGUFFile, part: Part) -> np.ndarray:
+    weight = g.array(part.tensor)
+    return quantize_q8_0(weight if part.expert is None else weight[part.expert])
+
+
+def _float(g: GGUFFile, parts: tuple[Part, ...]) -> torch.Tensor:
+    """Float tensors (norms, biases, a router) concatenated, rows in the checkpoint's order."""
+    arrays = []
+    for part in parts:
+        a, rows = g.array(part.tensor), part.rows(g.tensors[part.tensor].shape[0])
+        arrays.append(a if rows is None else a[rows])
+    return torch.from_numpy(np.concatenate(arrays).copy())
 
 
 def _embedding(g: GGUFFile, kernel: Kernel) -> object:
