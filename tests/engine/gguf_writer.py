@@ -36,7 +36,7 @@ def write_gguf(folder: Path, path: Path, family: str, projections: GGMLQuantizat
     writer = GGUFWriter(str(path), arch)
     _metadata(writer, arch, config, family)
     _tokenizer(writer, folder, config["vocab_size"])
-    for name, array in _tensors(arch, config, _checkpoint(folder), mistake):
+    for name, array in [*_tensors(arch, config, _checkpoint(folder), mistake), *_rope_freqs(config)]:
         kind = _kind(name, array, projections)
         if kind == GGMLQuantizationType.F32:
             writer.add_tensor(name, array.astype(np.float32))
@@ -78,6 +78,22 @@ def _tensors(arch: str, config: dict, state: dict[str, np.ndarray], mistake: str
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert name is not None, f"gguf has no name for {hf_name} in {arch}"
         yield name, np.ascontiguousarray(array)
+
+
+def _rope_freqs(config: dict):
+    """LlamaModel.generate_extra_tensors: Llama 3's RoPE scaling as one factor per frequency (rope_freqs)."""
+    params = config.get("rope_parameters") or {}
+    if params.get("rope_type") != "llama3":
+        return
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / (params["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old, low, high, factor = (params["original_max_position_embeddings"], params["low_freq_factor"],
+                              params["high_freq_factor"], params["factor"])
+    factors = []
+    for wavelen in 2 * np.pi / freqs:
+        smooth = (old / wavelen - low) / (high - low)
+        factors.append(1.0 if wavelen < old / high else factor if wavelen > old / low else 1 / ((1 - smooth) / factor + smooth))
+    yield "rope_freqs.weight", np.array(factors, dtype=np.float32)
 
 
 def _model_arch(arch: str) -> gguf.MODEL_ARCH:
@@ -159,13 +175,14 @@ def _rope_scaling(writer: GGUFWriter, params: dict) -> None:
         writer.add_rope_scaling_orig_ctx_len(params["original_max_position_embeddings"])
 
 
-def _tokenizer(writer: GGUFWriter, folder: Path, size: int) -> None:
+def _tokenizer(writer: GGUFWriter, folder: Path, size: int | None = None) -> int:
     """The byte-level BPE as _set_vocab_gpt2 writes it: tokens by id (ids the tokenizer lacks up to the model's vocab_size
     as unused [PAD{id}]), special ones as control, merges, the special ids and the chat template."""
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     special = {t["id"]: t["content"] for t in tokenizer["added_tokens"]}
     vocab = {i: token for token, i in tokenizer["model"]["vocab"].items()} | special
     kinds = {i: gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in vocab}
+    size = size or len(vocab)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list([vocab.get(i, f"[PAD{i}]") for i in range(size)])
@@ -176,3 +193,39 @@ def _tokenizer(writer: GGUFWriter, folder: Path, size: int) -> None:
     writer.add_bos_token_id(ids[config["bos_token"]])
     writer.add_eos_token_id(ids[config["eos_token"]])
     writer.add_chat_template((folder / "chat_template.jinja").read_text())
+    return size
+
+
+SENTENCEPIECE_PIECES = ["▁", "h", "e", "l", "o", "w", "r", "d", "t", "▁h", "▁w", "he", "ll", "▁he", "llo", "▁hello", "or",
+                        "▁wor", "ld", "▁world", "▁the"]
+
+
+def write_vocab_only(path: Path, arch: str, tokenizer_model: str, folder: Path | None = None, add_bos: bool | None = None) -> Path:
+    """A GGUF with a vocabulary and one tensor: the tiny checkpoint's byte-level BPE (`gpt2`), or a small
+    sentencepiece vocabulary (`llama`: unknown, control, 256 byte tokens, scored pieces) as Llama 2, Gemma and
+    Phi-3 files carry."""
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    if tokenizer_model == "gpt2":
+        assert folder is not None
+        size = _tokenizer(writer, folder)
+    else:
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + SENTENCEPIECE_PIECES
+        kinds = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_types(kinds + [gguf.TokenType.NORMAL] * len(SENTENCEPIECE_PIECES))
+        writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SENTENCEPIECE_PIECES))])
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
+        size = len(tokens)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    writer.add_tensor("token_embd.weight", np.zeros((size, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

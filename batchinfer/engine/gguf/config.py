@@ -30,8 +30,7 @@ def hf_config(g: GGUFFile) -> dict[str, Any]:
 
 
 def _common(g: GGUFFile, arch: str) -> dict[str, Any]:
-    heads = int(g.arch_value("attention.head_count"))
-    hidden = int(g.arch_value("embedding_length"))
+    heads, hidden = int(_required(g, "attention.head_count")), int(_required(g, "embedding_length"))
     head_dim = int(g.arch_value("attention.key_length", hidden // heads))
     if int(g.arch_value("rope.dimension_count", head_dim)) != head_dim:
         raise UnsupportedGGUF(f"{g.path.name}: RoPE over {g.arch_value('rope.dimension_count')} of {head_dim} "
@@ -43,7 +42,7 @@ def _common(g: GGUFFile, arch: str) -> dict[str, Any]:
         "model_type": MODEL_TYPES.get(arch, arch),
         "hidden_size": hidden,
         "intermediate_size": int(g.arch_value("feed_forward_length", 0)),
-        "num_hidden_layers": int(g.arch_value("block_count")),
+        "num_hidden_layers": int(_required(g, "block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(g.arch_value("attention.head_count_kv", heads)),
         "head_dim": head_dim,
@@ -60,6 +59,13 @@ def _common(g: GGUFFile, arch: str) -> dict[str, Any]:
     return config
 
 
+def _required(g: GGUFFile, key: str) -> Any:
+    value = g.arch_value(key)
+    if value is None:
+        raise UnsupportedGGUF(f"{g.path.name}: metadata {g.architecture}.{key} is missing")
+    return value
+
+
 def _llama(g: GGUFFile, config: dict) -> dict:
     """Mistral's files are llama.cpp's `llama`; a window in the metadata makes it Mistral (every layer slides)."""
     window = int(g.arch_value("attention.sliding_window", 0) or 0)
@@ -74,7 +80,7 @@ def _qwen3moe(g: GGUFFile, config: dict) -> dict:
     """Experts from the metadata; a layer without a router (ffn_gate_inp) is dense. llama.cpp always renormalises
     the top-k weights unless the file says otherwise."""
     layers = config["num_hidden_layers"]
-    return {"num_experts": int(g.arch_value("expert_count")), "num_experts_per_tok": int(g.arch_value("expert_used_count")),
+    return {"num_experts": int(_required(g, "expert_count")), "num_experts_per_tok": int(_required(g, "expert_used_count")),
             "moe_intermediate_size": int(g.arch_value("expert_feed_forward_length", config["intermediate_size"])),
             "norm_topk_prob": bool(g.arch_value("expert_weights_norm", True)), "decoder_sparse_step": 1,
             "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors]}

@@ -29,6 +29,7 @@ from ..unsupported import UnsupportedGGUF
 from .config import hf_config
 from .reader import GGUFFile
 from .tensors import FLOATS, Part, dense_tensors, projections
+from .tokenizer import write_tokenizer
 
 log = logging.getLogger(__name__)
 LAYOUT_VERSION = 2  # 2: every family's config (rope_parameters, head_dim), experts packed one by one
@@ -166,13 +167,3 @@ def _write_small_files(g: GGUFFile, config: dict, folder: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_tokenizer(g: GGUFFile, folder: Path) -> None:
-    """tokenizer.json and tokenizer_config.json (with the chat template) from the file's metadata alone."""
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
-
-    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(g.path))
-    tokenizer, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | extra, indent=1))
