@@ -96,7 +96,7 @@ OPTIONAL = {"attn_out_norm": "post_attention_norm.weight", "mlp_out_norm": "post
 def dense_tensors(g: GGUFFile, config: dict) -> dict[str, tuple[Part, ...]]:
     """Engine name -> the float GGUF tensors it concatenates: norms (Gemma's already 1 + w in the file, as the
     engine keeps them), q/k/v biases, routers."""
-    out = {"final_norm": (Part("output_norm.weight"),)}
+    out: dict[str, tuple[Part, ...]] = {"final_norm": (Part("output_norm.weight"),)}
     for i in range(config["num_hidden_layers"]):
         b, name = f"blk.{i}.", f"layers.{i}."
         out |= {name + "input_norm": (Part(b + "attn_norm.weight"),), name + "post_norm": (Part(b + "ffn_norm.weight"),)}
