@@ -26,17 +26,17 @@ ARCH = {"llama": "llama", "llama-linear": "llama", "llama-yarn": "llama", "llama
 GGUF_OVERRIDES = {"gemma2": dict(query_pre_attn_scalar=16),
                   "gemma3": dict(query_pre_attn_scalar=16, num_hidden_layers=6, layer_types=None),
                   "qwen3-moe": dict(mlp_only_layers=[])}
-MISTAKES = ("no_permute", "double_norm_offset", "expert_order", "swap_gate_up")
+MISTAKES = ("no_permute", "double_norm_offset", "expert_order", "swap_gate_up")  # `extra`: tensors added as they are
 
 
 def write_gguf(folder: Path, path: Path, family: str, projections: GGMLQuantizationType = GGMLQuantizationType.Q8_0,
-               mistake: str | None = None) -> Path:
+               mistake: str | None = None, extra: dict[str, np.ndarray] | None = None) -> Path:
     arch = ARCH[family]
     config = json.loads((folder / "config.json").read_text())
     writer = GGUFWriter(str(path), arch)
     _metadata(writer, arch, config, family)
     _tokenizer(writer, folder, config["vocab_size"])
-    for name, array in [*_tensors(arch, config, _checkpoint(folder), mistake), *_rope_freqs(config)]:
+    for name, array in [*_tensors(arch, config, _checkpoint(folder), mistake), *_rope_freqs(config), *(extra or {}).items()]:
         kind = _kind(name, array, projections)
         if kind == GGMLQuantizationType.F32:
             writer.add_tensor(name, array.astype(np.float32))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType
@@ -28,7 +29,7 @@ from tests.engine.test_model_families import MAX_NEW_TOKENS, family_prompts, hf_
 from tests.engine.tiny_families import build_family_checkpoint
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "qwen3-moe", "gemma2", "gemma3", "phi3"]
-ROPE_VARIANTS = ["llama-linear", "llama-yarn"]
+ROPE_VARIANTS = ["llama-linear", "llama-yarn", "llama3"]
 # transformers builds these from a GGUF's config (it maps no head_dim for qwen3, no expert size for qwen3moe, and
 # Phi-3 gets a pad id outside the tiny vocabulary): the others are checked by its tensor reader alone
 FROM_PRETRAINED = {"llama", "mistral", "qwen2", "gemma2", "gemma3"}
@@ -192,9 +193,9 @@ def test_the_tokenizer_from_metadata_encodes_as_transformers_reads_the_file(arch
         assert ours.decode(ours.encode(text, add_special_tokens=False)) == theirs.decode(theirs.encode(text, add_special_tokens=False))
 
 
-def test_llama3_rope_frequencies_are_refused_in_one_line(tmp_path):
-    folder = build_family_checkpoint("llama3", tmp_path / "llama3")
-    path = write_gguf(folder, tmp_path / "llama3.gguf", "llama3")
-    with pytest.raises(UnsupportedGGUF, match=r"rope_freqs\.weight") as err:
+def test_a_phi3_longrope_file_is_refused_in_one_line(tmp_path):
+    folder = build_family_checkpoint("phi3", tmp_path / "phi3")
+    path = write_gguf(folder, tmp_path / "phi3.gguf", "phi3", extra={"rope_factors_long.weight": np.ones(8, np.float32)})
+    with pytest.raises(UnsupportedGGUF, match=r"rope_factors_long\.weight") as err:
         hf_config(GGUFFile(path))
     assert "\n" not in str(err.value)

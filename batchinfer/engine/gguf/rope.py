@@ -1,8 +1,8 @@
 """A GGUF's RoPE metadata as transformers 5's `rope_parameters` (what layers/rope.py builds its tables from).
 
 llama.cpp keeps the base, and a scaling type with its factor (a factor with no type is linear, as llama.cpp reads
-it); YaRN adds the original context and its betas. Llama 3's per-dimension factors come as a tensor (rope_freqs)
-and LongRoPE's as two: neither is read yet, so both are refused in one line.
+it); YaRN adds the original context and its betas. Llama 3's scaling comes as one divisor per frequency (the
+rope_freqs tensor, what the converter computed from the llama3 parameters): layers/rope.py applies them as given.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ YARN_KEYS = {"original_context_length": "original_max_position_embeddings", "yar
 
 
 def rope_parameters(g: GGUFFile) -> dict[str, Any]:
-    if "rope_freqs.weight" in g.tensors:
-        raise UnsupportedGGUF(f"{g.path.name}: per-dimension RoPE frequencies (rope_freqs.weight, Llama 3.1 scaling) "
-                              "are not supported yet")
     theta = float(g.arch_value("rope.freq_base", 10000.0))
+    if "rope_freqs.weight" in g.tensors:
+        if g.tensors["rope_freqs.weight"].type != "F32":
+            raise UnsupportedGGUF(f"{g.path.name}: tensor rope_freqs.weight is {g.tensors['rope_freqs.weight'].type}, "
+                                  "not F32")
+        return {"rope_type": "default", "rope_theta": theta, "freq_factors": g.array("rope_freqs.weight").tolist()}
     factor = g.arch_value("rope.scaling.factor", g.arch_value("rope.scale_linear"))
     kind = str(g.arch_value("rope.scaling.type", "linear" if factor else "none"))
     if kind == "none" or (kind == "linear" and float(factor or 1.0) == 1.0):
