@@ -199,3 +199,29 @@ def test_a_phi3_longrope_file_is_refused_in_one_line(tmp_path):
     with pytest.raises(UnsupportedGGUF, match=r"rope_factors_long\.weight") as err:
         hf_config(GGUFFile(path))
     assert "\n" not in str(err.value)
+
+
+@needs_kernel
+@pytest.mark.parametrize("projections", [GGMLQuantizationType.Q8_0, GGMLQuantizationType.F16])
+def test_each_expert_is_packed_from_its_own_rows_of_the_experts_tensor(projections, tmp_path):
+    """Quantized experts keep the file's blocks; float ones (an F16 file) become Q8_0 one expert at a time."""
+    from gguf import quants
+    from safetensors.numpy import load_file
+
+    from batchinfer.engine.gguf.load import load_gguf
+    from batchinfer.engine.quant.kernel import TYPES
+
+    folder, path = checkpoint_and_gguf("qwen3-moe", tmp_path, projections)
+    model = load_gguf(path, tmp_path / "cache")
+    checkpoint = load_file(str(folder / "model.safetensors"))
+    for e in range(4):
+        for name, hf in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+            parts = model.quant[f"layers.1.experts.{e}.{name}"].parts
+            for w, hf_name in zip(parts, hf):
+                got = torch.empty(w.n, w.k)
+                w.kernel.lib.dequant_packed(TYPES[w.qtype], w.data.ctypes.data, w.n, w.k, got.data_ptr())
+                want = checkpoint[f"model.layers.1.mlp.experts.{e}.{hf_name}.weight"]
+                if projections == GGMLQuantizationType.F16:
+                    want = want.astype(np.float16).astype(np.float32)
+                q8 = quants.dequantize(quants.quantize(want, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0)
+                assert w.qtype == "Q8_0" and torch.equal(got, torch.from_numpy(q8)), (e, hf_name)

@@ -133,8 +133,7 @@ def _bytes(g: GGUFFile, offset: int, size: int) -> np.ndarray:
 
 
 def _q8_0(g: GGUFFile, part: Part) -> np.ndarray:
-    weight = g.array(part.tensor)
-    return quantize_q8_0(weight if part.expert is None else weight[part.expert])
+    return quantize_q8_0(g.array(part.tensor, part.expert))
 
 
 def _float(g: GGUFFile, parts: tuple[Part, ...]) -> torch.Tensor:
