@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -108,7 +108,7 @@ def bench_fidelity_command(
     runs = {"llamacpp_one_at_a_time": _llamacpp_one_at_a_time(gguf, threads, prompts),
             "llamacpp_batched": _llamacpp_batched(gguf, threads, prompts),
             "batchinfer_gguf": _ours(gguf, str(settings.model_cache), prompts)}
-    report = {"model": gguf, "prompts": len(prompts), "cpu": _lscpu_model(), "load": _uptime(),
+    report: dict[str, Any] = {"model": gguf, "prompts": len(prompts), "cpu": _lscpu_model(), "load": _uptime(),
               "seconds": round(time.time() - started, 1),
               "llamacpp_with_itself": agreement(runs["llamacpp_one_at_a_time"], runs["llamacpp_batched"]),
               "batchinfer_vs_llamacpp_one_at_a_time": agreement(runs["batchinfer_gguf"], runs["llamacpp_one_at_a_time"]),

@@ -163,7 +163,8 @@ def make_safetensors(out: Path, shape: Shape = Shape(), dtype: str = "bfloat16",
     tokenizer = model_files_dir(default_model_path(), get_settings().model_cache)
     config = LlamaConfig(hidden_size=shape.hidden, intermediate_size=shape.ffn, num_hidden_layers=shape.layers,
                          num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, vocab_size=49152,
-                         max_position_embeddings=shape.context, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         max_position_embeddings=shape.context, rms_norm_eps=1e-5,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
                          tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.02)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))

@@ -42,8 +42,9 @@ def test_config_and_tokenizer_are_transformers_readings_of_the_file(tmp_path):
     config = hf_config(GGUFFile(path))
     reference = AutoConfig.from_pretrained(str(tmp_path.parent), gguf_file=path)
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "rms_norm_eps", "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings"):
-        assert config[key] == getattr(reference, key, None) or key == "rope_theta", key
+                "rms_norm_eps", "max_position_embeddings", "vocab_size", "tie_word_embeddings"):
+        assert config[key] == getattr(reference, key, None), key
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": reference.rope_parameters["rope_theta"]}
     model = load_gguf(default_model_path(), tmp_path)
     ours, theirs = LightTokenizer(model.folder), AutoTokenizer.from_pretrained(str(tmp_path.parent), gguf_file=path)
     for text in ["Hello world!", "<|im_start|>user\nHi<|im_end|>", "  tabs\tand\n\nnewlines ", "数字 123456 🎉"]:

@@ -28,10 +28,11 @@ from ..quant.packed_file import Source, drop, packed_weights, quantize_q8_0
 from ..unsupported import UnsupportedGGUF
 from .config import hf_config
 from .reader import GGUFFile
-from .tensors import FLOATS, Part, dense_tensors, projections, rope_rows
+from .tensors import FLOATS, Part, dense_tensors, projections
+from .tokenizer import write_tokenizer
 
 log = logging.getLogger(__name__)
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: every family's config (rope_parameters, head_dim), experts packed one by one
 
 
 @dataclass
@@ -98,8 +99,8 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
         _write_small_files(g, config, folder)
     kernel = load_kernel(str(cache_dir))
     packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "weights.packed")
-    quant = {p.name: StackedWeight([packed[part.tensor] for part in p.parts]) for p in plan}
-    weights: dict[str, object] = {name: torch.from_numpy(g.array(t).copy()) for name, t in dense_tensors(g, config).items()}
+    quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}
+    weights: dict[str, object] = {name: _float(g, parts) for name, parts in dense_tensors(g, config).items()}
     weights["embed"] = _embedding(g, kernel)
     kinds = "/".join(sorted({w.qtype for s in quant.values() for w in s.parts}))
     log.info("loaded %s in its own %s blocks in %.1f s", path.name, kinds, time.time() - started)
@@ -110,18 +111,38 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
 def gguf_sources(g: GGUFFile, parts: list[Part]) -> list[Source]:
     out = {}
     for part in parts:  # a tied head appears once
-        info = g.tensors[part.tensor]
-        n, k = info.shape
-        float_type = info.type in FLOATS
-        out[part.tensor] = Source(part.tensor, "Q8_0" if float_type else info.type, n, k,
-                                  partial(_q8_0, g, part.tensor) if float_type else partial(g.raw, part.tensor),
-                                  rope_rows(n, part.heads) if part.heads else None,
-                                  partial(drop, g._map, info.offset, info.nbytes))
+        out[part.key] = _source(g, part)
     return list(out.values())
 
 
-def _q8_0(g: GGUFFile, name: str) -> np.ndarray:
-    return quantize_q8_0(g.array(name))
+def _source(g: GGUFFile, part: Part) -> Source:
+    """One matrix: a 2-D tensor, or one expert's rows of a 3-D one (the experts lie one after another)."""
+    info = g.tensors[part.tensor]
+    n, k = info.shape[-2:]
+    count = info.shape[0] if len(info.shape) == 3 else 1
+    size = info.nbytes // count
+    offset = info.offset + (part.expert or 0) * size
+    float_type = info.type in FLOATS
+    blocks = partial(_q8_0, g, part) if float_type else partial(_bytes, g, offset, size)
+    return Source(part.key, "Q8_0" if float_type else info.type, n, k, blocks, part.rows(n),
+                  partial(drop, g._map, offset, size))
+
+
+def _bytes(g: GGUFFile, offset: int, size: int) -> np.ndarray:
+    return g.bytes[offset:offset + size]
+
+
+def _q8_0(g: GGUFFile, part: Part) -> np.ndarray:
+    return quantize_q8_0(g.array(part.tensor, part.expert))
+
+
+def _float(g: GGUFFile, parts: tuple[Part, ...]) -> torch.Tensor:
+    """Float tensors (norms, biases, a router) concatenated, rows in the checkpoint's order."""
+    arrays = []
+    for part in parts:
+        a, rows = g.array(part.tensor), part.rows(g.tensors[part.tensor].shape[0])
+        arrays.append(a if rows is None else a[rows])
+    return torch.from_numpy(np.concatenate(arrays).copy())
 
 
 def _embedding(g: GGUFFile, kernel: Kernel) -> object:
@@ -145,13 +166,3 @@ def _write_small_files(g: GGUFFile, config: dict, folder: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def write_tokenizer(g: GGUFFile, folder: Path) -> None:
-    """tokenizer.json and tokenizer_config.json (with the chat template) from the file's metadata alone."""
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
-
-    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(g.path))
-    tokenizer, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | extra, indent=1))

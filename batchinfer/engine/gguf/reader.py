@@ -61,16 +61,20 @@ class GGUFFile:
         t = self.tensors[name]
         return self.bytes[t.offset:t.offset + t.nbytes]
 
-    def array(self, name: str) -> np.ndarray:
-        """An F32/F16/BF16 tensor as float32 (F32: a view, no copy)."""
+    def array(self, name: str, first: int | None = None) -> np.ndarray:
+        """An F32/F16/BF16 tensor as float32 (F32: a view, no copy); `first`: only that index of its first axis (one
+        expert), converted alone."""
         t = self.tensors[name]
-        raw = self.raw(name)
+        raw, shape = self.raw(name), t.shape
+        if first is not None:
+            size = t.nbytes // shape[0]
+            raw, shape = raw[first * size:(first + 1) * size], shape[1:]
         if t.type == "F32":
-            return raw.view(np.float32).reshape(t.shape)
+            return raw.view(np.float32).reshape(shape)
         if t.type == "F16":
-            return raw.view(np.float16).astype(np.float32).reshape(t.shape)
+            return raw.view(np.float16).astype(np.float32).reshape(shape)
         if t.type == "BF16":
-            return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+            return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
         raise GGUFError(f"{name} is {t.type}, not a float tensor")
 
     def _parse(self) -> None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..layers.activation import gated
 from ..layers.linear import RowPlan, linear
-from ..layers.moe import moe_mlp
+from ..layers.moe import moe_mlp, quant_moe_mlp
 from ..layers.rope import RopeTable, apply_rope
 from .spec import ModelSpec
 
@@ -35,6 +35,7 @@ class DecoderLayer:
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on the attention's and the MLP's output
     mlp_out_norm: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [experts, hidden]
+    # dense experts; None in an experts layer where the model's `quant` holds them (layers.{i}.experts.{e}.*)
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, intermediate]
 
@@ -124,7 +125,12 @@ class DecoderForCausalLM:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
         if layer.router is not None:
             moe = self.spec.moe
-            assert moe is not None and layer.experts_gate_up is not None and layer.experts_down is not None
+            assert moe is not None
+            if layer.experts_gate_up is None:  # in GGUF blocks, among the model's quantized projections
+                return quant_moe_mlp(x, layer.router, lin.experts("gate_up_proj", moe.num_experts),
+                                     lin.experts("down_proj", moe.num_experts), moe.top_k, moe.renormalize,
+                                     self.spec.activation, self.row_plan)
+            assert layer.experts_down is not None
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
                            self.spec.activation, self.row_plan)
         return lin(gated(lin(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj, "down_proj")
@@ -147,3 +153,8 @@ class _Linear:
             assert weight is not None
             return linear(x, weight, self.rows)
         return self.packs[self.prefix + name](x)
+
+    def experts(self, name: str, count: int) -> list[Projection]:
+        """Each expert's quantized projection `name` ("gate_up_proj", "down_proj")."""
+        assert self.packs is not None
+        return [self.packs[f"{self.prefix}experts.{e}.{name}"] for e in range(count)]
