@@ -104,7 +104,7 @@ def model_files_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     path = Path(model_path or default_model_path())
     if path.suffix != ".gguf":
         return resolve_model_dir(model_path, cache_dir)
-    from .gguf.load import small_files
+    from .gguf.files import small_files
 
     return small_files(path, cache_dir)
 

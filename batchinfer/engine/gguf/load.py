@@ -7,11 +7,7 @@ the embedding rows are de-quantized as each step looks them up, straight from th
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +17,6 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..file_key import file_key
 from ..quant.kernel import Kernel, load_kernel, start_build
 from ..quant.packed import StackedWeight, dequantize_rows
 from ..quant.packed_file import Source, drop, packed_weights, quantize_q8_0
@@ -29,10 +24,9 @@ from ..unsupported import UnsupportedGGUF
 from .config import hf_config
 from .reader import GGUFFile
 from .tensors import FLOATS, Part, dense_tensors, projections
-from .tokenizer import write_tokenizer
+from .files import cache_folder, write_small_files
 
 log = logging.getLogger(__name__)
-LAYOUT_VERSION = 2  # 2: every family's config (rope_parameters, head_dim), experts packed one by one
 
 
 @dataclass
@@ -57,10 +51,6 @@ class GGUFModel:
     kinds: str  # the block types, for the start-up line
 
 
-def cache_folder(path: Path, cache_dir: str | Path) -> Path:
-    return Path(cache_dir) / "engine" / f"{path.stem}-{file_key(path, LAYOUT_VERSION)}-gguf"
-
-
 def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[str, str]:
     """("gguf" or "dense", why) for weight_format "auto" or "gguf". A file the kernel cannot read (an unknown
     architecture or block type) raises UnsupportedGGUF, one line naming the tensor; so does "gguf" on a CPU
@@ -79,15 +69,6 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
     return "gguf", "asked" if weight_format == "gguf" else "auto: the GGUF's own blocks, integer dot products"
 
 
-def small_files(path: str | Path, cache_dir: str | Path) -> Path:
-    """The folder with config.json and the tokenizer's files of a GGUF, written from its metadata if missing."""
-    folder = cache_folder(Path(path), cache_dir)
-    if not (folder / "config.json").exists():
-        g = GGUFFile(path)
-        _write_small_files(g, hf_config(g), folder)
-    return folder
-
-
 def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     started, path = time.time(), Path(path)
     start_build(str(cache_dir))
@@ -96,7 +77,7 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     plan = projections(g, config)
     folder = cache_folder(path, cache_dir)
     if not (folder / "config.json").exists():
-        _write_small_files(g, config, folder)
+        write_small_files(g, config, folder)
     kernel = load_kernel(str(cache_dir))
     packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "weights.packed")
     quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}
@@ -150,19 +131,3 @@ def _embedding(g: GGUFFile, kernel: Kernel) -> object:
     if info.type in FLOATS:
         return torch.from_numpy(g.array("token_embd.weight").copy())
     return QuantEmbedding(g.raw("token_embd.weight"), info.type, info.shape[0], info.shape[1], kernel)
-
-
-def _write_small_files(g: GGUFFile, config: dict, folder: Path) -> None:
-    """config.json and the tokenizer's files, written beside and renamed into place (concurrent loads are safe)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        write_tokenizer(g, tmp)
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if not (folder / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
