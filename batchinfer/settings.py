@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from batchinfer.engine.options import (ACTIVATION_FORMATS, DEFAULT_MAX_TOKENS, ENGINES, POOLINGS, SETTING_DTYPES,
+from batchinfer.engine.options import (DEFAULT_MAX_TOKENS, ENGINES, POOLINGS, SETTING_DTYPES,
                                        WEIGHT_FORMATS, one_of)
 
 MODEL_ID = "smollm2-135m-instruct"
@@ -80,13 +80,10 @@ class Settings(BaseSettings):
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (engine/dtype.py), float32, bfloat16
-    # engine weights: auto (gguf where the checkpoint is a GGUF of Q4_1/Q8_0 blocks and the CPU has avx2, fma and
-    # f16c, else dense), dense (de-quantized, in dtype), gguf (the GGUF's own blocks, CPU), q8_0 (quantized at load,
-    # CPU); engine/quant_weights.py
+    # engine weights: auto (gguf where the checkpoint is a GGUF of quantized blocks and the CPU has avx2, fma and
+    # f16c, else dense), dense (de-quantized, in dtype), gguf (the GGUF's own blocks, int8 activations, CPU), q8_0
+    # (any checkpoint quantized at load, CPU); engine/config.py
     weight_format: str = "auto"
-    # int8: weight_format gguf's Q4_1 projections take int8 activations (faster, batch-invariant, not the float32
-    # answers; engine/layers/w4a8_linear.py); float32: the default
-    activation_format: str = "float32"
     kv_cache_bytes: int | None = None  # engine KV cache budget; None: the engine's default fraction of memory
     kv_block_size: int = 16  # tokens per KV block: the engine pages its cache and the planner shares prefixes in them
     embedding_pooling: str = "auto"  # /v1/embeddings: "last" token, "mean" of the prompt, or "auto": the model's own
@@ -181,11 +178,6 @@ class Settings(BaseSettings):
     @classmethod
     def _weight_format(cls, value: str) -> str:
         return _one_of(value, WEIGHT_FORMATS, "BATCHINFER_WEIGHT_FORMAT")
-
-    @field_validator("activation_format")
-    @classmethod
-    def _activation_format(cls, value: str) -> str:
-        return _one_of(value, ACTIVATION_FORMATS, "BATCHINFER_ACTIVATION_FORMAT")
 
     @field_validator("embedding_pooling")
     @classmethod

@@ -7,6 +7,8 @@ import typer
 from .api import bench_api_command
 from .command import bench
 from .constrained import bench_constrained_command
+from .fidelity import bench_fidelity_command
+from .gguf_model import bench_make_model_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
 from .pipeline_command import bench_pipeline_command
@@ -43,5 +45,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks o
 for name, command in (("compare", bench), ("grouping", bench_grouping_command), ("api", bench_api_command),
                       ("process", bench_process_command), ("startup", bench_startup_command),
                       ("load", bench_load_command), ("pipeline", bench_pipeline_command), ("plan", bench_plan_command),
-                      ("constrained", bench_constrained_command)):
+                      ("constrained", bench_constrained_command), ("make-model", bench_make_model_command),
+                      ("fidelity", bench_fidelity_command)):
     app.command(name)(missing_in_one_line(command))

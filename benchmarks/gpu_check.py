@@ -243,11 +243,11 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
 
 def pack_model(target: str, model: str | None, cache_dir: str) -> list[str]:
     """Copy the model's config and tokenizer files, not its weights, into target; returns the names."""
-    from batchinfer.engine.loader import resolve_model_dir
+    from batchinfer.engine.loader import model_files_dir
 
-    source = resolve_model_dir(model, cache_dir)
+    source = model_files_dir(model, cache_dir)
     Path(target).mkdir(parents=True, exist_ok=True)
-    files = [p for p in source.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin", ".gguf")]
+    files = [p for p in source.iterdir() if p.is_file() and p.suffix not in (".safetensors", ".bin", ".gguf", ".packed")]
     for path in files:
         shutil.copy(path, Path(target) / path.name)
     return sorted(p.name for p in files)

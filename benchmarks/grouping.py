@@ -182,11 +182,11 @@ def kv_cache_bytes_for(settings, tokens: int) -> int:
     """The KV budget that holds `tokens` tokens in a worker's engine: the engine's own bytes per token, for
     the model and dtype the worker will run (bf16 halves them)."""
     from batchinfer.engine.light_loader import model_config
-    from batchinfer.engine.loader import resolve_model_dir
+    from batchinfer.engine.loader import model_files_dir
     from batchinfer.engine.model_runner import kv_bytes_per_token
     from batchinfer.runtime.engine_host import engine_config
 
-    folder = resolve_model_dir(settings.model, settings.model_cache)
+    folder = model_files_dir(settings.model, settings.model_cache)
     return tokens * kv_bytes_per_token(model_config(folder), engine_config(settings))
 
 

@@ -25,6 +25,12 @@ SUITE = {
     "32 unshared, up to 48 out": ("no-sharing", 32, 48),
     "16 requests, 128 out": ("long-decode", 16, 128),
 }
+# the 1B-class files of issue 46 (benchmarks/gguf_model.py): the two workloads its table names
+SUITE_1B = {
+    "16 over one shared document, 8 out": ("shared-prefix", 16, 8),
+    "16 unshared, 32 out": ("no-sharing", 16, 32),
+}
+SUITES = {"smollm2": SUITE, "1b": SUITE_1B}
 SYSTEMS = ("batchinfer", "llamacpp-file", "llamacpp-sorted", "llamacpp-batched")
 GOAL = 2.5
 
@@ -122,7 +128,9 @@ def _output_tokens(system: str, work: Path, result: dict) -> int | None:
 
 
 def run_process_bench(tokenizer, gguf: str, out_dir: Path, suite: dict, systems: tuple[str, ...],
-                      env: dict, threads: int = 2, timeout_s: float = 900, progress=print) -> dict:
+                      env: dict, threads: int = 2, timeout_s: float = 900, progress=print, repeat: int = 1) -> dict:
+    """Every system on every workload, `repeat` rounds with the systems alternating (a load that comes and goes
+    on a shared machine falls on all of them); each row one process."""
     rows = []
     for label, (name, requests, max_tokens) in suite.items():
         workload = build(name, tokenizer, requests, max_tokens)
@@ -130,13 +138,14 @@ def run_process_bench(tokenizer, gguf: str, out_dir: Path, suite: dict, systems:
         work.mkdir(parents=True, exist_ok=True)
         request_file(workload, work / "requests.jsonl")
         (work / "tokens.json").write_text(json.dumps({"prompts": workload.prompts, "max_tokens": max_tokens}))
-        for system in systems:
-            progress(f"{label}: {system}")
-            result = timed(_command(system, work, gguf, threads), env, timeout_s)
-            result["output_tokens"] = _output_tokens(system, work, result)
-            result.pop("stdout", None)
-            rows.append({"work": label, "workload": name, "requests": requests, "max_tokens": max_tokens,
-                         "prompt_tokens": workload.prompt_tokens, "system": system, **result})
+        for round_ in range(repeat):
+            for system in systems if round_ % 2 == 0 else systems[::-1]:
+                progress(f"{label}: {system}" + (f" (round {round_ + 1})" if repeat > 1 else ""))
+                result = timed(_command(system, work, gguf, threads), env, timeout_s)
+                result["output_tokens"] = _output_tokens(system, work, result)
+                result.pop("stdout", None)
+                rows.append({"work": label, "workload": name, "requests": requests, "max_tokens": max_tokens,
+                             "prompt_tokens": workload.prompt_tokens, "system": system, "round": round_, **result})
     return {"rows": rows, "goal": GOAL}
 
 
@@ -144,8 +153,10 @@ def markdown(report: dict) -> str:
     lines = [("| work (whole process, greedy) | batchinfer run | llama.cpp file order | sorted | multi-sequence "
               "| best llama.cpp / batchinfer |"), "|---|---|---|---|---|---|"]
     by_work: dict[str, dict[str, dict]] = {}
-    for row in report["rows"]:
-        by_work.setdefault(row["work"], {})[row["system"]] = row
+    for row in report["rows"]:  # each system's fastest round
+        best = by_work.setdefault(row["work"], {}).get(row["system"])
+        if best is None or (_ok(row) and (not _ok(best) or row["wall_s"] < best["wall_s"])):
+            by_work[row["work"]][row["system"]] = row
     for work, cells in by_work.items():
         walls = [cells[s]["wall_s"] for s in SYSTEMS if s in cells and s != "batchinfer" and _ok(cells[s])]
         ours = cells["batchinfer"]["wall_s"] if _ok(cells.get("batchinfer")) else None

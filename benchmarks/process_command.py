@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from .process import SUITE, SYSTEMS, markdown, run_process_bench
+from .process import SUITES, SYSTEMS, markdown, run_process_bench
 
 
 def bench_process_command(
@@ -20,30 +20,37 @@ def bench_process_command(
     work: Annotated[list[str], typer.Option("--work", "-w", help="workload names of the suite | all")] = ["all"],  # noqa: B006
     threads: Annotated[int, typer.Option(help="llama.cpp threads")] = 2,
     timeout: Annotated[float, typer.Option(help="seconds per process before it counts as failed")] = 900,
+    model: Annotated[str | None, typer.Option("--model", help="a GGUF file (default: BATCHINFER_MODEL, else SmolLM2)")] = None,
+    suite_name: Annotated[str, typer.Option("--suite", help=f"{' | '.join(SUITES)} (1b: issue 46's two workloads)")] = "smollm2",
+    repeat: Annotated[int, typer.Option(help="rounds, the systems alternating; the table keeps each one's best")] = 1,
 ) -> None:
     """Each system as its own timed process (start-up included): batchinfer run vs llama.cpp, same GGUF."""
-    from transformers import AutoTokenizer
-
-    from batchinfer.engine.loader import default_model_path, resolve_model_dir
+    from batchinfer.engine.light_loader import LightTokenizer
+    from batchinfer.engine.loader import default_model_path, model_files_dir
     from batchinfer.settings import get_settings
 
     settings = get_settings()
+    if suite_name not in SUITES:
+        raise typer.BadParameter(f"unknown suite {suite_name!r}; choose from {', '.join(SUITES)}")
     systems = _pick(system, SYSTEMS)
-    names = {name for name, _, _ in SUITE.values()}
+    names = {name for name, _, _ in SUITES[suite_name].values()}
     picked = set(_pick(work, tuple(sorted(names))))
-    suite = {label: spec for label, spec in SUITE.items() if spec[0] in picked}
-    gguf = settings.model or default_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(gguf, settings.model_cache))
+    suite = {label: spec for label, spec in SUITES[suite_name].items() if spec[0] in picked}
+    gguf = str(Path(model).resolve()) if model else settings.model or default_model_path()
+    if not gguf.endswith(".gguf") or not Path(gguf).exists():
+        raise typer.BadParameter(f"--model must be an existing .gguf file (llama.cpp runs the same one), got {gguf}")
+    tokenizer = LightTokenizer(model_files_dir(gguf, settings.model_cache))
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     # batchinfer run uses its own data dir here; one untimed run first creates its database (a user's is warm).
-    env = os.environ | {"BATCHINFER_DATA_DIR": str((out_dir / "data").resolve())}
+    env = os.environ | {"BATCHINFER_DATA_DIR": str((out_dir / "data").resolve()), "BATCHINFER_MODEL": gguf}
     started, load_before = datetime.now(timezone.utc).isoformat(timespec="seconds"), _uptime()
     if "batchinfer" in systems:
         run_process_bench(tokenizer, gguf, out_dir / "warmup", {"warm-up": ("single", 1, 1)}, ("batchinfer",),
                           env, threads, timeout, progress=lambda line: None)
     report = run_process_bench(tokenizer, gguf, out_dir / "work", suite, systems, env, threads, timeout,
-                               progress=lambda line: typer.echo(line, err=True))
+                               progress=lambda line: typer.echo(line, err=True), repeat=repeat)
+    report["model"] = gguf
     report["machine"] = {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "load_before": load_before,
                          "python": platform.python_version(), "started_utc": started,
                          "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}

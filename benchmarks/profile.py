@@ -14,7 +14,7 @@ from rich.table import Table
 
 # Engine attributes timed when present (dotted paths from the LLMEngine); nested ones count inside their parent.
 STAGES = ("scheduler.schedule", "runner.prepare", "runner.model.forward", "runner.model.attention.forward",
-          "runner.sampler.sample", "scheduler.postprocess")
+          PROJECTIONS := "runner.model (quantized projections)", "runner.sampler.sample", "scheduler.postprocess")
 
 
 class StageTimer:
@@ -27,6 +27,10 @@ class StageTimer:
         self._wrapped: list[tuple[object, str]] = []
 
     def __enter__(self) -> "StageTimer":
+        from batchinfer.engine.quant.packed import StackedWeight
+
+        self._projections = StackedWeight.__call__  # a class attribute: every projection of the model at once
+        StackedWeight.__call__ = self._timed(PROJECTIONS, self._projections)  # type: ignore[method-assign]
         for path in self.paths:
             *parents, attr = path.split(".")
             owner = self.engine
@@ -38,6 +42,9 @@ class StageTimer:
         return self
 
     def __exit__(self, *exc) -> None:
+        from batchinfer.engine.quant.packed import StackedWeight
+
+        StackedWeight.__call__ = self._projections  # type: ignore[method-assign]
         for owner, attr in self._wrapped:
             delattr(owner, attr)
 
@@ -60,6 +67,7 @@ def profile(
     max_num_batched_tokens: Annotated[int, typer.Option()] = 2048,
     dtype: Annotated[str, typer.Option(help="auto (as batchinfer run) | float32 | bfloat16")] = "auto",
     top: Annotated[int, typer.Option(help="operators to list")] = 20,
+    model: Annotated[Optional[str], typer.Option(help="a checkpoint (default: SmolLM2's GGUF)")] = None,
     trace: Annotated[Optional[str], typer.Option(help="write a Chrome trace here")] = None,
 ) -> None:
     """Profile the engine on one generated workload (after a warm-up on another document)."""
@@ -72,7 +80,7 @@ def profile(
 
     options = BenchOptions(workloads=(workload,), systems=("engine",), requests=requests, max_tokens=max_tokens,
                            cache_dir=str(cache_dir or get_settings().model_cache),
-                           max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
+                           max_num_batched_tokens=max_num_batched_tokens, dtype=dtype, model_path=model)
     runner = EngineRunner(options)
     (measured,), (warm,) = build_workloads(options), build_workloads(options, seed=options.seed + 1000)
     runner.run(_warmup_workload(measured, warm, 2))

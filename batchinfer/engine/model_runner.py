@@ -18,11 +18,10 @@ from .attention.base import AttentionBackend, AttentionMetadata
 from .config import EngineConfig
 from .grammar import GrammarRunner
 from .invariance import probe_row_pad
-from .layers.quant_linear import QuantWeight
 from .loader import CausalLM
 from .logits_processors import apply_logits_processors
 from .logprobs import sampled_logprobs
-from .models import build_model
+from .models import Projection, build_model
 from .pooler import Pooler
 from .sampler import Sampler
 from .sequence import Sequence
@@ -53,7 +52,7 @@ class ModelRunner:
     def __init__(self, hf_model: CausalLM, config: EngineConfig, attention: AttentionBackend,
                  max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
                  eos_token_ids: frozenset[int] = frozenset(), grammar: GrammarRunner | None = None,
-                 quant: dict[str, QuantWeight] | None = None):
+                 quant: dict[str, Projection] | None = None):
         self.config = config
         self.eos_token_ids = eos_token_ids  # masked for a row under its min_tokens
         self.grammar = grammar  # constrained decoding, for the requests that ask
@@ -75,8 +74,9 @@ class ModelRunner:
         if self.device.type != "cpu":
             return
         m = self.model
-        weights = [m.lm_head] + [w for layer in m.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                                      layer.down_proj, layer.router) if w is not None]
+        weights = [] if m.quant is not None else [m.lm_head]  # quantized projections are invariant by construction
+        weights += [w for layer in m.layers for w in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                      layer.down_proj, layer.router) if isinstance(w, torch.Tensor)]
         weights += [w[0] for layer in m.layers[:1] for w in (layer.experts_gate_up, layer.experts_down) if w is not None]
         m.row_plan = probe_row_pad(weights, m.head_dim, m.num_q_heads // m.num_kv_heads, self.config.cache_dir)
         if hasattr(attention, "row_pad"):

@@ -34,33 +34,47 @@ def avx512_supported() -> bool:
     return cpu_supported(AVX512_CPU_FLAGS)
 
 
-def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2) -> ctypes.CDLL:
-    """The library of `source`, built into cache_dir/kernels the first time (keyed by source and flags)."""
+def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
+                  extra: tuple[str, ...] = (), units: tuple[Path, ...] = ()) -> ctypes.CDLL:
+    """The library of `source`, built into cache_dir/kernels the first time (keyed by source, the headers beside
+    it and the flags)."""
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
+    return ctypes.CDLL(str(built_library(source, cache_dir, what, isa, extra, units)))
+
+
+def built_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
+                  extra: tuple[str, ...] = (), units: tuple[Path, ...] = ()) -> Path:
+    """build_library's file, compiled if needed but not loaded (safe in a thread beside other work). `units`:
+    more C files linked in, each compiled in its own gcc beside the others (the cores share a long build)."""
     needed = AVX512_CPU_FLAGS if isa == AVX512 else CPU_FLAGS
     if not cpu_supported(needed):
         raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(needed)}")
-    flags = (*FLAGS, *isa)
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *isa, *extra)
+    sources = (source, *units)
+    text = b"".join(f.read_bytes() for f in sources) + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     path = Path(cache_dir) / "kernels" / f"{source.stem}-{key}.so"
     if not path.exists():
-        _compile(source, path, what, flags)
-    return ctypes.CDLL(str(path))
+        _compile(sources, path, what, flags)
+    return path
 
 
-def _compile(source: Path, path: Path, what: str, flags: tuple[str, ...]) -> None:
+def _compile(sources: tuple[Path, ...], path: Path, what: str, flags: tuple[str, ...]) -> None:
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         raise NativeKernelUnavailable(f"the {what} needs a C compiler (gcc) to build once")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        done = subprocess.run([compiler, *flags, str(source), "-o", tmp], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NativeKernelUnavailable(f"building the {what} failed: {done.stderr.strip()[:300]}")
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
+        objects = [str(Path(work) / f"{s.stem}.o") for s in sources]
+        jobs = [subprocess.Popen([compiler, *flags, "-c", str(s), "-o", o], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True) for s, o in zip(sources, objects)]
+        errors = [job.communicate()[1] for job in jobs]
+        tmp = str(Path(work) / path.name)
+        if all(job.returncode == 0 for job in jobs):
+            linked = subprocess.run([compiler, *flags, *objects, "-o", tmp], capture_output=True, text=True)
+            errors.append(linked.stderr if linked.returncode else "")
+        failed = next((e for job, e in zip(jobs, errors) if job.returncode), None) or (errors[-1] if len(errors) > len(jobs) else "")
+        if failed or not os.path.exists(tmp):
+            raise NativeKernelUnavailable(f"building the {what} failed: {failed.strip()[:300]}")
         os.replace(tmp, path)  # a concurrent builder's copy is as good as ours
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

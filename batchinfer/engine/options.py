@@ -5,8 +5,7 @@ from __future__ import annotations
 DTYPES = ("float32", "bfloat16", "float16")  # what the engine runs; "auto" picks one (engine/dtype.py)
 SETTING_DTYPES = ("auto", "float32", "bfloat16")  # what BATCHINFER_DTYPE and --dtype offer
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/quant_weights.py
-ACTIVATION_FORMATS = ("float32", "int8")  # layers/w4a8_linear.py
+WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/gguf/load.py, engine/quant/dense_q8_0.py
 POOLINGS = ("auto", "last", "mean")  # an embed request's pooling (pooling_config.py)
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 ENGINES = ("batchinfer", "hf", "null")  # which generator a process runs (runtime/engine_host.py)

@@ -64,14 +64,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineDescription:
-    """What a generator runs: its dtype, weight format and activations, each with why. Recorded with every
-    output as fields (metrics()); the notes are for people (start-up prints them)."""
+    """What a generator runs: its dtype and weight format, each with why. Recorded with every output as fields
+    (metrics()); the notes are for people (start-up prints them)."""
 
     dtype: str
     dtype_reason: str = "asked"
     weight_format: str | None = None  # None: a generator without weight formats (the transformers reference)
     weight_format_reason: str = "asked"
-    activation_format: str = "float32"
 
     @property
     def dtype_note(self) -> str:
@@ -80,20 +79,14 @@ class EngineDescription:
 
     @property
     def weights_note(self) -> str | None:
-        """`gguf (auto: ...)`, with `, activations int8` after it when the activations are not float32."""
-        if self.weight_format is None:
-            return None
-        note = f"{self.weight_format} ({self.weight_format_reason})"
-        return note if self.activation_format == "float32" else f"{note}, activations {self.activation_format}"
+        """`gguf (auto: the GGUF's own blocks, ...)`."""
+        return None if self.weight_format is None else f"{self.weight_format} ({self.weight_format_reason})"
 
     def metrics(self) -> dict[str, str]:
-        """The fields each output line records (outputs compare only within one dtype and weight format);
-        float32 activations, the default, are not recorded."""
+        """The fields each output line records (outputs compare only within one dtype and weight format)."""
         found = {"dtype": self.dtype}
         if self.weight_format is not None:
             found["weight_format"] = self.weight_format
-            if self.activation_format != "float32":
-                found["activation_format"] = self.activation_format
         return found
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from batchinfer.engine.loader import default_model_path, resolve_model_dir
+from batchinfer.engine.loader import default_model_path, model_files_dir
 from ..flops import ModelShape
 from ..metrics import PhaseStats, RequestRecord
 from ..workloads import Workload, common_prefix_len
@@ -12,7 +12,7 @@ from .base import Runner, SystemUnavailable, failed_record, sequential_phases
 
 def model_shape(gguf: str, cache_dir: str) -> ModelShape:
     from transformers import AutoConfig
-    return ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_dir(gguf, cache_dir)))
+    return ModelShape.from_hf_config(AutoConfig.from_pretrained(model_files_dir(gguf, cache_dir)))
 
 
 class LlamaCppRunner(Runner):

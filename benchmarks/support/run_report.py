@@ -14,10 +14,10 @@ from rich.table import Table
 
 
 def cpu_flags() -> list[str]:
-    """The flags that decide dtype auto and weight_format auto (engine/dtype.py, engine/quant_weights.py)."""
+    """The flags that decide dtype auto and weight_format auto (engine/dtype.py, engine/gguf/load.py)."""
     from batchinfer.engine.cpuinfo import cpu_flags as flags
 
-    return sorted(flags() & {"avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2", "fma", "f16c"})
+    return sorted(flags() & {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "avx512f", "avx512_vnni", "avx2", "fma", "f16c"})
 
 
 def run_and_report(run: Callable[[], dict], out: Path, work: Path, table: Callable[[dict], Table],

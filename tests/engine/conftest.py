@@ -26,12 +26,12 @@ def loaded_model() -> LoadedModel:
 
 @pytest.fixture(scope="session")
 def gguf_model() -> LoadedModel:
-    """The model with the GGUF's own Q4_1/Q8_0 blocks (weight_format gguf, what auto runs on an AVX2 CPU)."""
-    from batchinfer.engine.layers.quant_build import cpu_supported
+    """The model in the GGUF's own Q4_1/Q8_0 blocks (weight_format gguf, what auto runs on an AVX2 CPU)."""
     from batchinfer.engine.loader import load_model_light
+    from batchinfer.engine.quant.kernel import supported
 
-    if not cpu_supported():
-        pytest.skip("the quantized kernel needs AVX2, FMA and F16C; this CPU lacks one")
+    if not supported():
+        pytest.skip("the integer kernel needs AVX2, FMA and F16C; this CPU lacks one")
     return load_model_light(None, model_cache_dir(), torch.float32, "gguf")
 
 

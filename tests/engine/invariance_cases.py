@@ -59,9 +59,9 @@ def fillers(tokenizer) -> list[GenerationRequest]:
 
 
 def engine(loaded, dtype: str, prefix_caching: bool = False, kv_bytes: int = KV_BYTES, block_size: int = 16,
-           device: str = "cpu", activations: str = "float32") -> LLMEngine:
+           device: str = "cpu") -> LLMEngine:
     return LLMEngine(loaded, EngineConfig(dtype=dtype, enable_prefix_caching=prefix_caching, kv_cache_bytes=kv_bytes,
-                                          block_size=block_size, device=device, activation_format=activations))
+                                          block_size=block_size, device=device))
 
 
 def outputs(results) -> dict[str, tuple[list[int], list[str]]]:

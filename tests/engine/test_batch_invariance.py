@@ -6,8 +6,8 @@ preemption forced by a small KV budget, and in a second process: tokens and
 logprobs must be bitwise equal to the run alone. There is one attention path (chunked.py), so cascade and
 non-cascade are the same arithmetic by construction; the shared-prefix groups above exercise it. bf16 runs
 where the CPU has native bf16 (AMX or AVX512-BF16) and is skipped elsewhere with the reason; the GGUF's own
-Q4_1/Q8_0 blocks (weight_format gguf, the default where the CPU has AVX2, FMA and F16C) run in fp32 where the
-quantized kernel does, and are skipped elsewhere with the reason.
+blocks (weight_format gguf, int8 activations, the default where the CPU has AVX2, FMA and F16C) run where the
+integer kernel does (its fastest path here: AMX, AVX-512 VNNI or AVX2), and are skipped elsewhere with the reason.
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ import sys
 import pytest
 
 from batchinfer.engine.dtype import cpu_has_native_bf16
-from batchinfer.engine.layers.quant_build import cpu_supported
+from batchinfer.engine.quant.kernel import supported as cpu_supported
 from tests.engine import invariance_cases
 
 # (dtype, weight format)
 CASES = [("float32", "dense"), pytest.param(("bfloat16", "dense"), marks=pytest.mark.skipif(
     not cpu_has_native_bf16(), reason="bf16 invariance is checked where the CPU has AMX or AVX512-BF16; this one has neither")),
     pytest.param(("float32", "gguf"), marks=pytest.mark.skipif(
-        not cpu_supported(), reason="the quantized kernel needs AVX2, FMA and F16C; this CPU lacks one"))]
+        not cpu_supported(), reason="the integer kernel needs AVX2, FMA and F16C; this CPU lacks one"))]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=lambda case: "-".join(case))

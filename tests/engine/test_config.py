@@ -34,7 +34,7 @@ def test_dtype_auto_resolves_to_float32_on_cpu_and_says_why():
 
 
 def test_weight_format_auto_is_the_default_and_dense_off_cpu():
-    assert EngineConfig().weight_format == "auto"  # the loader decides on CPU (quant_weights.load_quant)
+    assert EngineConfig().weight_format == "auto"  # the loader decides on CPU (gguf/load.gguf_choice)
     meta = EngineConfig(device="meta")
     assert meta.weights_note == "dense (auto: meta)"
     assert EngineConfig(weight_format="dense").weights_note == "dense (asked)"
@@ -42,12 +42,11 @@ def test_weight_format_auto_is_the_default_and_dense_off_cpu():
 
 def test_the_description_is_a_record_and_its_notes_are_for_people():
     described = EngineConfig(weight_format="dense").description
-    assert (described.dtype, described.weight_format, described.activation_format) == ("float32", "dense", "float32")
-    assert described.metrics() == {"dtype": "float32", "weight_format": "dense"}  # float32 activations: not recorded
-    int8 = EngineConfig(weight_format="gguf", activation_format="int8").description
-    assert int8.metrics() == {"dtype": "float32", "weight_format": "gguf", "activation_format": "int8"}
-    assert int8.weights_note == "gguf (asked), activations int8" == EngineConfig(weight_format="gguf",
-                                                                                 activation_format="int8").weights_note
+    assert (described.dtype, described.weight_format) == ("float32", "dense")
+    assert described.metrics() == {"dtype": "float32", "weight_format": "dense"}
+    gguf = EngineConfig(weight_format="gguf").description
+    assert gguf.metrics() == {"dtype": "float32", "weight_format": "gguf"}
+    assert gguf.weights_note == "gguf (asked)" == EngineConfig(weight_format="gguf").weights_note
 
 
 def test_the_settings_offer_the_values_the_engine_takes():

@@ -1,5 +1,5 @@
-"""Greedy engine output equals transformers generate() token for token, with dense weights and with the GGUF's own
-Q4_1/Q8_0 blocks (weight_format gguf: the same de-quantized values, summed in another order)."""
+"""Greedy engine output equals transformers generate() token for token with dense weights (the GGUF's own blocks
+run llama.cpp's int8-activation arithmetic instead: test_gguf_model.py checks them the vLLM way)."""
 from __future__ import annotations
 
 import pytest
@@ -33,12 +33,10 @@ def assert_matches_reference(results, references) -> list[str]:
     return accepted
 
 
-@pytest.fixture(scope="module", params=["dense", "gguf"])
-def engine_for(request, loaded_model):
-    loaded = loaded_model if request.param == "dense" else request.getfixturevalue("gguf_model")
-
+@pytest.fixture(scope="module")
+def engine_for(loaded_model):
     def make(**overrides) -> LLMEngine:
-        return LLMEngine(loaded, EngineConfig(**overrides))
+        return LLMEngine(loaded_model, EngineConfig(**overrides))
     return make
 
 

@@ -37,7 +37,7 @@ def test_engine_from_the_cache_gives_the_same_greedy_tokens_as_converting_at_loa
     params = SamplingParams(max_tokens=4, temperature=0)
     config = EngineConfig(dtype="bfloat16", kv_cache_bytes=64 << 20)
     reqs = [GenerationRequest(f"r{i}", ids, params) for i, ids in enumerate(prompt_token_ids[:4])]
-    # the dense layout is what this compares (weight_format auto would run the GGUF's blocks: test_quant_weights.py)
+    # the dense layout is what this compares (weight_format auto would run the GGUF's blocks: test_gguf_model.py)
     cached = LLMEngine(load_model_light(None, model_cache, torch.bfloat16, "dense"), config).generate(reqs)
     converted = LLMEngine(loaded_model, config).generate(reqs)
     assert [r.output_token_ids for r in cached] == [r.output_token_ids for r in converted]

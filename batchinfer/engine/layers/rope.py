@@ -57,6 +57,8 @@ def inverse_frequencies(params: dict, cfg, head_dim: int) -> tuple[torch.Tensor,
     """inv_freq [head_dim / 2] and the factor cos/sin are multiplied by (yarn's mscale, 1 elsewhere)."""
     base = float(params["rope_theta"])
     inv_freq = _default(base, head_dim)
+    if "freq_factors" in params:  # llama.cpp's per-frequency divisors (a Llama 3.x GGUF's rope_freqs tensor)
+        inv_freq = inv_freq / torch.tensor(params["freq_factors"], dtype=torch.float32)
     kind = params["rope_type"]
     if kind == "linear":
         return inv_freq / params["factor"], 1.0

@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..attention.base import AttentionBackend
-from ..layers.quant_linear import QuantWeight
 
 from ..unsupported import UnsupportedModelError
 from . import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3_moe
-from .decoder import DecoderForCausalLM
+from .decoder import DecoderForCausalLM, Projection
 from .spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -59,7 +58,7 @@ def norm_offset(cfg) -> float:
 
 def build_model(hf_model: CausalLM, attention: AttentionBackend, device: torch.device, dtype: torch.dtype,
                 max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
-                quant: dict[str, QuantWeight] | None = None) -> DecoderForCausalLM:
+                quant: dict[str, Projection] | None = None) -> DecoderForCausalLM:
     """The engine model of a checkpoint: from engine-layout tensors when given, else converted here."""
     from ..weights import engine_weights
 

@@ -6,6 +6,7 @@ model here. Logits are computed only at the positions sampled. A ModelSpec (spec
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -14,18 +15,19 @@ import torch.nn.functional as F
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..layers.activation import gated
 from ..layers.linear import RowPlan, linear
-from ..layers.quant_linear import QuantWeight
-from ..layers.moe import moe_mlp
+from ..layers.moe import moe_mlp, quant_moe_mlp
 from ..layers.rope import RopeTable, apply_rope
 from .spec import ModelSpec
 
+Projection = Callable[[torch.Tensor], torch.Tensor]  # a quantized projection: quant/packed.py
 @dataclass
 class DecoderLayer:
     input_norm: torch.Tensor
-    qkv_proj: torch.Tensor  # [(num_q_heads + 2 * num_kv_heads) * head_dim, hidden]
-    o_proj: torch.Tensor
     post_norm: torch.Tensor  # before the MLP
-    gate_up_proj: torch.Tensor | None = None  # [2 * intermediate, hidden]; None in an experts layer
+    # dense projections; None where the model's `quant` holds them (and in an experts layer, the MLP's)
+    qkv_proj: torch.Tensor | None = None  # [(num_q_heads + 2 * num_kv_heads) * head_dim, hidden]
+    o_proj: torch.Tensor | None = None
+    gate_up_proj: torch.Tensor | None = None  # [2 * intermediate, hidden]
     down_proj: torch.Tensor | None = None
     qkv_bias: torch.Tensor | None = None
     q_norm: torch.Tensor | None = None  # [head_dim]
@@ -33,6 +35,7 @@ class DecoderLayer:
     attn_out_norm: torch.Tensor | None = None  # sandwich norms: on the attention's and the MLP's output
     mlp_out_norm: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [experts, hidden]
+    # dense experts; None in an experts layer where the model's `quant` holds them (layers.{i}.experts.{e}.*)
     experts_gate_up: torch.Tensor | None = None  # [experts, 2 * intermediate, hidden]
     experts_down: torch.Tensor | None = None  # [experts, hidden, intermediate]
 
@@ -40,20 +43,22 @@ class DecoderLayer:
 class DecoderForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  device: torch.device, dtype: torch.dtype, max_model_len: int, cfg,
-                 quant: dict[str, QuantWeight] | None = None):
+                 quant: dict[str, Projection] | None = None):
         self.spec = spec
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
         self.attention = attention
         self.row_plan = RowPlan()  # how dense matmuls cut their rows; invariance.probe_row_pad sets it
-        self.quant = quant  # quantized projections for every step (layers/quant_linear.py), or None
+        self.quant = quant  # quantized projections for every step (quant/packed.py), or None
+        self.dtype = dtype
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
                       for key, params in spec.ropes.items()}
 
     def _load_weights(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> None:
-        def take(name: str) -> torch.Tensor:  # no copy when the dtype and device already match
-            return weights[name].to(device=device, dtype=dtype)
+        def take(name: str):  # no copy when the dtype and device already match; an embedding in blocks as it is
+            w = weights[name]
+            return w.to(device=device, dtype=dtype) if isinstance(w, torch.Tensor) else w
 
         self.embed = take("embed")
         self.final_norm = take("final_norm")
@@ -76,7 +81,8 @@ class DecoderForCausalLM:
                             hidden_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests)."""
         spec = self.spec
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = F.embedding(input_ids, self.embed) if isinstance(self.embed, torch.Tensor) else \
+            self.embed(input_ids).to(self.dtype)
         if spec.embed_scale is not None:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
@@ -119,10 +125,14 @@ class DecoderForCausalLM:
         x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
         if layer.router is not None:
             moe = self.spec.moe
-            assert moe is not None and layer.experts_gate_up is not None and layer.experts_down is not None
+            assert moe is not None
+            if layer.experts_gate_up is None:  # in GGUF blocks, among the model's quantized projections
+                return quant_moe_mlp(x, layer.router, lin.experts("gate_up_proj", moe.num_experts),
+                                     lin.experts("down_proj", moe.num_experts), moe.top_k, moe.renormalize,
+                                     self.spec.activation, self.row_plan)
+            assert layer.experts_down is not None
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
                            self.spec.activation, self.row_plan)
-        assert layer.gate_up_proj is not None and layer.down_proj is not None
         return lin(gated(lin(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj, "down_proj")
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -135,10 +145,16 @@ class _Linear:
 
     __slots__ = ("packs", "prefix", "rows")
 
-    def __init__(self, packs: dict[str, QuantWeight] | None, prefix: str, rows: RowPlan):
+    def __init__(self, packs: dict[str, Projection] | None, prefix: str, rows: RowPlan):
         self.packs, self.prefix, self.rows = packs, prefix, rows
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, name: str) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, name: str) -> torch.Tensor:
         if self.packs is None:
+            assert weight is not None
             return linear(x, weight, self.rows)
         return self.packs[self.prefix + name](x)
+
+    def experts(self, name: str, count: int) -> list[Projection]:
+        """Each expert's quantized projection `name` ("gate_up_proj", "down_proj")."""
+        assert self.packs is not None
+        return [self.packs[f"{self.prefix}experts.{e}.{name}"] for e in range(count)]

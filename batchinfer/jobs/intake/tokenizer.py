@@ -5,7 +5,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from batchinfer.engine.loader import Tokenizer, resolve_model_dir
+from batchinfer.engine.loader import Tokenizer, model_files_dir
 from batchinfer.engine.types import context_length
 from batchinfer.settings import Settings
 
@@ -46,7 +46,7 @@ class _LazyTokenizer:
 
 @lru_cache(maxsize=4)
 def _tokenizer_and_len(model: str | None, cache_dir: str):
-    folder = resolve_model_dir(model, cache_dir)
+    folder = model_files_dir(model, cache_dir)
     config = json.loads((folder / "config.json").read_text())
     return _LazyTokenizer(folder), context_length(config)
 
@@ -57,7 +57,7 @@ SAMPLING_DEFAULTS = {"temperature": (float, lambda v: v >= 0), "top_p": (float, 
 
 @lru_cache(maxsize=16)
 def _sampling_defaults(model: str | None, cache_dir: str) -> tuple[tuple[str, float | int], ...]:
-    path = resolve_model_dir(model, cache_dir) / "generation_config.json"
+    path = model_files_dir(model, cache_dir) / "generation_config.json"
     config = json.loads(path.read_text()) if path.exists() else {}
     found = []
     for name, (kind, ok) in SAMPLING_DEFAULTS.items():

@@ -1,0 +1,159 @@
+// AVX2 (no VNNI): each panel in two halves of 8 channels, rows in tiles of up to 3 (16 registers). A group's
+// products are vpmaddubsw pairs (u8 codes x s8 activations; |pair| <= 2 * 63 * 128 for codes up to 6 bits)
+// summed to int32 by vpmaddwd; Q8_0's signed codes go through the sign trick (|q| x sign(x, q)), giving sum(q x)
+// directly, the integer the other paths reach as sum(u x) - 128 sum(x). Float steps as gemm_ref.h.
+#pragma once
+#include "gemm_ref.h"
+
+#define AVX2_ROWS 3
+#define INL2 static inline __attribute__((always_inline))
+
+// Vector j's half h (channels 8h..8h+7) of a group, as u8 codes (Q8_0: its signed q).
+INL2 void decode_half(const int t, const uint8_t *codes, int h, __m256i *v) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    if (q.bits == 8) {
+        for (int j = 0; j < L.vecs; j++) v[j] = _mm256_loadu_si256((const __m256i *)(codes + 64 * j + 32 * h));
+        return;
+    }
+    if (q.bits >= 4) {
+        const __m256i lo = _mm256_set1_epi8(0x0F);
+        const int half = L.vecs / 2;
+        for (int j = 0; j < half; j++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + 64 * j + 32 * h));
+            v[j] = _mm256_and_si256(b, lo);
+            v[j + half] = _mm256_and_si256(_mm256_srli_epi16(b, 4), lo);
+        }
+    } else {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + 32 * h)), three = _mm256_set1_epi8(3);
+        for (int j = 0; j < L.vecs; j++) v[j] = _mm256_and_si256(_mm256_srli_epi16(b, 2 * j), three);
+    }
+    // a 32-bit mask to 32 bytes: byte i takes mask byte i / 8 and keeps bit i % 8
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const uint64_t *masks = (const uint64_t *)(codes + L.base_bytes);
+    for (int hb = 0; hb < L.high_bits; hb++) {
+        const __m256i add = _mm256_set1_epi8((char)(1 << ((q.bits >= 4 ? 4 : 2) + hb)));
+        for (int j = 0; j < L.vecs; j++) {
+            const __m256i m = _mm256_shuffle_epi8(_mm256_set1_epi32((int)(uint32_t)(masks[hb * L.vecs + j] >> (32 * h))), spread);
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(m, bits), bits);
+            v[j] = _mm256_add_epi8(v[j], _mm256_and_si256(set, add));
+        }
+    }
+}
+
+INL2 __m256i group_dot2(const int t, const __m256i *v, const int8_t *x) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i d = _mm256_setzero_si256();
+    for (int j = 0; j < layout_of(t).vecs; j++) {
+        int32_t four;
+        memcpy(&four, x + 4 * j, 4);
+        const __m256i xb = _mm256_set1_epi32(four);
+        const __m256i p = QT[t].bits == 8 ? _mm256_maddubs_epi16(_mm256_sign_epi8(v[j], v[j]), _mm256_sign_epi8(xb, v[j]))
+                                          : _mm256_maddubs_epi16(v[j], xb);
+        d = _mm256_add_epi32(d, _mm256_madd_epi16(p, ones));
+    }
+    return d;
+}
+
+INL2 __m256 load_fp16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+INL2 __m256 block_step2(const int t, __m256i dot, const uint8_t *rec, int h, const act_t *A, int64_t m, int64_t b, __m256 acc) {
+    const qtype_t q = QT[t];
+    const int64_t nb = A->K / 32;
+    if (q.z && q.bits != 8) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(q.z * A->bsum[m * nb + b]));
+    const __m256 scale = _mm256_mul_ps(load_fp16x8(rec + 16 * h), _mm256_set1_ps(A->d[m * nb + b]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
+    if (q.mins) acc = _mm256_fmadd_ps(load_fp16x8(rec + layout_of(t).off_dm + 16 * h), _mm256_set1_ps(A->s[m * nb + b]), acc);
+    return acc;
+}
+
+INL2 __m256i offset_sum2(const int t, const uint8_t *rec, int h, const act_t *A, int64_t m, int64_t s) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    const uint8_t *c = rec + (q.mins ? L.off_mn : L.off_sc) + 8 * h;
+    __m256i osb = _mm256_setzero_si256();
+    for (int i = 0; i < L.groups / 2; i++) {
+        const __m128i a = _mm_loadl_epi64((const __m128i *)(c + 2 * i * PANEL));
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(c + (2 * i + 1) * PANEL));
+        const __m256i lo = q.mins ? _mm256_cvtepu8_epi32(a) : _mm256_cvtepi8_epi32(a);
+        const __m256i hi = q.mins ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+        const __m256i pair = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+        const uint32_t two = A->pairs[(m * (A->K / QK) + s) * 8 + i];
+        osb = _mm256_add_epi32(osb, _mm256_madd_epi16(pair, _mm256_set1_epi32((int)two)));
+    }
+    return osb;
+}
+
+INL2 __m256 superblock_step2(const int t, __m256i isb, const uint8_t *rec, int h, const act_t *A, int64_t m, int64_t s, __m256 acc) {
+    const qtype_t q = QT[t];
+    const __m256i osb = offset_sum2(t, rec, h, A, m, s);
+    const __m256 dx = _mm256_set1_ps(A->d[m * (A->K / QK) + s]);
+    const __m256 scale = _mm256_mul_ps(load_fp16x8(rec + 16 * h), dx);
+    if (q.mins) {
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb), scale, acc);
+        const __m256 dmin = _mm256_mul_ps(load_fp16x8(rec + layout_of(t).off_dm + 16 * h), dx);
+        return _mm256_fmadd_ps(_mm256_cvtepi32_ps(osb), _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0f)), acc);
+    }
+    isb = _mm256_sub_epi32(isb, _mm256_mullo_epi32(osb, _mm256_set1_epi32(q.z)));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isb), scale, acc);
+}
+
+INL2 void store_half(float *y, __m256 acc, int ncols) {
+    if (ncols >= 8) {
+        _mm256_storeu_ps(y, acc);
+        return;
+    }
+    float tmp[8];
+    _mm256_storeu_ps(tmp, acc);
+    memcpy(y, tmp, sizeof(float) * (size_t)(ncols > 0 ? ncols : 0));
+}
+
+INL2 void half_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, int h, float *y, int64_t ldy, int ncols) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    const int64_t K = A->K, nsb = K / q.sb;
+    __m256 acc[AVX2_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *rec = panel + s * L.record_bytes;
+        __m256i isb[AVX2_ROWS];
+        for (int r = 0; r < R; r++) isb[r] = _mm256_setzero_si256();
+        for (int g = 0; g < L.groups; g++) {
+            __m256i v[8];
+            decode_half(t, rec + L.off_codes + g * L.group_bytes, h, v);
+            const __m256i sc = q.kquant ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + L.off_sc + g * PANEL + 8 * h)))
+                                        : _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) {
+                const __m256i dot = group_dot2(t, v, A->q + (m0 + r) * K + s * q.sb + g * q.g);
+                if (q.kquant) isb[r] = _mm256_add_epi32(isb[r], _mm256_mullo_epi32(dot, sc));
+                else acc[r] = block_step2(t, dot, rec, h, A, m0 + r, s, acc[r]);
+            }
+        }
+        for (int r = 0; q.kquant && r < R; r++) acc[r] = superblock_step2(t, isb[r], rec, h, A, m0 + r, s, acc[r]);
+    }
+    for (int r = 0; r < R; r++) store_half(y + (m0 + r) * ldy + 8 * h, acc[r], ncols - 8 * h);
+}
+
+INL2 void panel_avx2(const int t, const act_t *A, int64_t M, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
+    for (int h = 0; h < 2 && 8 * h < ncols; h++) {
+        int64_t m = 0;
+        for (; m + AVX2_ROWS <= M; m += AVX2_ROWS) half_rows(t, AVX2_ROWS, A, m, panel, h, y, ldy, ncols);
+        if (M - m == 1) half_rows(t, 1, A, m, panel, h, y, ldy, ncols);
+        if (M - m == 2) half_rows(t, 2, A, m, panel, h, y, ldy, ncols);
+    }
+}
+
+#define AVX2_TYPE(T) \
+    static void gemm_avx2_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
+        const int64_t panels = (N + PANEL - 1) / PANEL, bytes = (A->K / QT[T].sb) * layout_of(T).record_bytes;               \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                                  \
+        for (int64_t p = 0; p < panels; p++)                                                                               \
+            panel_avx2(T, A, M, w + p * bytes, y + p * PANEL, ldy, (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL)); \
+    }
+AVX2_TYPE(Q4_0) AVX2_TYPE(Q4_1) AVX2_TYPE(Q5_0) AVX2_TYPE(Q5_1) AVX2_TYPE(Q8_0)
+AVX2_TYPE(Q2_K) AVX2_TYPE(Q3_K) AVX2_TYPE(Q4_K) AVX2_TYPE(Q5_K) AVX2_TYPE(Q6_K)
+
+static const gemm_fn GEMM_AVX2[NTYPES] = {gemm_avx2_Q4_0, gemm_avx2_Q4_1, gemm_avx2_Q5_0, gemm_avx2_Q5_1, gemm_avx2_Q8_0,
+                                          gemm_avx2_Q2_K, gemm_avx2_Q3_K, gemm_avx2_Q4_K, gemm_avx2_Q5_K, gemm_avx2_Q6_K};

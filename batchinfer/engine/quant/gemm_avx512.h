@@ -1,0 +1,159 @@
+// AVX-512 VNNI: one panel of 16 channels in the 16 lanes of a register, rows in tiles of up to 6.
+// A group's codes are decoded once into its VNNI vectors and reused by every row of the tile; vpdpbusd takes
+// u8 codes times s8 activations broadcast 4 at a time. The float steps are gemm_ref.h's, lane by lane.
+#pragma once
+#include "gemm_ref.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+
+#define MAX_ROWS 6
+#define INL static inline __attribute__((always_inline))
+
+INL void decode_group(const int t, const uint8_t *codes, __m512i *v) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    if (q.bits == 8) {
+        for (int j = 0; j < L.vecs; j++) v[j] = _mm512_xor_si512(_mm512_loadu_si512(codes + 64 * j), _mm512_set1_epi8((char)0x80));
+    } else if (q.bits >= 4) {
+        const __m512i lo = _mm512_set1_epi8(0x0F);
+        const int half = L.vecs / 2;
+        for (int j = 0; j < half; j++) {
+            const __m512i b = _mm512_loadu_si512(codes + 64 * j);
+            v[j] = _mm512_and_si512(b, lo);
+            v[j + half] = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo);
+        }
+    } else {
+        const __m512i b = _mm512_loadu_si512(codes), three = _mm512_set1_epi8(3);
+        for (int j = 0; j < L.vecs; j++) v[j] = _mm512_and_si512(_mm512_srli_epi16(b, 2 * j), three);
+    }
+    const uint64_t *masks = (const uint64_t *)(codes + L.base_bytes);
+    for (int h = 0; h < L.high_bits; h++) {
+        const __m512i bit = _mm512_set1_epi8((char)(1 << ((q.bits >= 4 ? 4 : 2) + h)));
+        for (int j = 0; j < L.vecs; j++) v[j] = _mm512_mask_add_epi8(v[j], (__mmask64)masks[h * L.vecs + j], v[j], bit);
+    }
+}
+
+INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
+    __m512i d = _mm512_setzero_si512();
+    for (int j = 0; j < vecs; j++) {
+        int32_t four;
+        memcpy(&four, x + 4 * j, 4);
+        d = _mm512_dpbusd_epi32(d, v[j], _mm512_set1_epi32(four));
+    }
+    return d;
+}
+
+INL __m512 load_fp16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+// 32-types: a block's weight scales (d_w, and m_w for a min) for the 16 channels, loaded once for all its rows.
+typedef struct {
+    __m512 d, m;
+} block_scales_t;
+
+INL block_scales_t block_scales(const int t, const uint8_t *rec) {
+    block_scales_t sc = {load_fp16x16(rec), _mm512_setzero_ps()};
+    if (QT[t].mins) sc.m = load_fp16x16(rec + layout_of(t).off_dm);
+    return sc;
+}
+
+// One row's block dot (int32 per channel) into acc; `folded`: the zero point's share is already out of dot.
+INL __m512 block_step(const int t, __m512i dot, block_scales_t sc, int folded, const act_t *A, int64_t m, int64_t b,
+                      __m512 acc) {
+    const qtype_t q = QT[t];
+    const int64_t i = m * (A->K / 32) + b;
+    if (q.z && !folded) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q.z * A->bsum[i]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sc.d, _mm512_set1_ps(A->d[i])), acc);
+    if (q.mins) acc = _mm512_fmadd_ps(sc.m, _mm512_set1_ps(A->s[i]), acc);
+    return acc;
+}
+
+// K-quants: sum over groups of c_g * sum_g(q) (c the mins, or the scales for the zero point), in int32: per
+// lane a pair of groups' c as int16 (|c| < 128, |sum_g(q)| <= 4096), one vpdpwssd per pair.
+INL void group_pairs(const int t, const uint8_t *rec, __m512i *pairs) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    const uint8_t *c = rec + (q.mins ? L.off_mn : L.off_sc);
+    for (int i = 0; i < L.groups / 2; i++) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(c + 2 * i * PANEL));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(c + (2 * i + 1) * PANEL));
+        const __m512i lo = q.mins ? _mm512_cvtepu8_epi32(a) : _mm512_cvtepi8_epi32(a);
+        const __m512i hi = q.mins ? _mm512_cvtepu8_epi32(b) : _mm512_cvtepi8_epi32(b);
+        pairs[i] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+    }
+}
+
+INL __m512i offset_sum(const int t, const __m512i *pairs, const act_t *A, int64_t m, int64_t s) {
+    const uint32_t *sums = A->pairs + (m * (A->K / QK) + s) * 8;
+    __m512i osb = _mm512_setzero_si512();
+    for (int i = 0; i < layout_of(t).groups / 2; i++) osb = _mm512_dpwssd_epi32(osb, pairs[i], _mm512_set1_epi32((int)sums[i]));
+    return osb;
+}
+
+// K-quants: one super-block's integer sums into acc. isb = sum_g sc_g sum_g(u q); osb = offset_sum; a zero
+// point's share (z * osb) already taken out of isb where `folded` (the AMX path's codes carry it).
+INL __m512 superblock_step(const int t, __m512i isb, __m512i osb, int folded, const uint8_t *rec, const act_t *A,
+                           int64_t m, int64_t s, __m512 acc) {
+    const qtype_t q = QT[t];
+    const __m512 dx = _mm512_set1_ps(A->d[m * (A->K / QK) + s]);
+    const __m512 scale = _mm512_mul_ps(load_fp16x16(rec), dx);
+    if (q.mins) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), scale, acc);
+        const __m512 dmin = _mm512_mul_ps(load_fp16x16(rec + layout_of(t).off_dm), dx);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(osb), _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dmin), _mm512_set1_epi32((int)0x80000000))), acc);
+    }
+    if (!folded) isb = _mm512_sub_epi32(isb, _mm512_mullo_epi32(osb, _mm512_set1_epi32(q.z)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), scale, acc);
+}
+
+INL __m512i group_scales(const int t, const uint8_t *rec, int g) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + layout_of(t).off_sc + g * PANEL)));
+}
+
+INL void store_row(float *y, __m512 acc, int ncols) {
+    if (ncols == PANEL) _mm512_storeu_ps(y, acc);
+    else _mm512_mask_storeu_ps(y, (__mmask16)((1u << ncols) - 1), acc);
+}
+
+// Rows m0..m0+R of one panel (its records from `panel`), into y (ldy apart), ncols of its 16 channels.
+INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
+    const qtype_t q = QT[t];
+    const layout_t L = layout_of(t);
+    const int64_t K = A->K, nsb = K / q.sb;
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *rec = panel + s * L.record_bytes;
+        __m512i isb[MAX_ROWS];
+        for (int r = 0; r < R; r++) isb[r] = _mm512_setzero_si512();
+        for (int g = 0; g < L.groups; g++) {
+            __m512i v[8];
+            decode_group(t, rec + L.off_codes + g * L.group_bytes, v);
+            const __m512i sc = q.kquant ? group_scales(t, rec, g) : _mm512_setzero_si512();
+            const block_scales_t bs = q.kquant ? (block_scales_t){} : block_scales(t, rec);
+            for (int r = 0; r < R; r++) {
+                const __m512i dot = group_dot(L.vecs, v, A->q + (m0 + r) * K + s * q.sb + g * q.g);
+                if (q.kquant) isb[r] = _mm512_add_epi32(isb[r], _mm512_mullo_epi32(dot, sc));
+                else acc[r] = block_step(t, dot, bs, 0, A, m0 + r, s, acc[r]);
+            }
+        }
+        if (q.kquant) {
+            __m512i pairs[8];
+            group_pairs(t, rec, pairs);
+            for (int r = 0; r < R; r++)
+                acc[r] = superblock_step(t, isb[r], offset_sum(t, pairs, A, m0 + r, s), 0, rec, A, m0 + r, s, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) store_row(y + (m0 + r) * ldy, acc[r], ncols);
+}
+
+// Tiles of 6 rows, the rest in tiles of 4, 2 and 1 (fewer copies of panel_rows to compile than one per count).
+INL void panel_vnni(const int t, const act_t *A, int64_t M, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
+    int64_t m = 0;
+    for (; m + MAX_ROWS <= M; m += MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, y, ldy, ncols);
+    if (M - m >= 4) panel_rows(t, 4, A, m, panel, y, ldy, ncols), m += 4;
+    if (M - m >= 2) panel_rows(t, 2, A, m, panel, y, ldy, ncols), m += 2;
+    if (M - m == 1) panel_rows(t, 1, A, m, panel, y, ldy, ncols);
+}
+
+#pragma GCC pop_options

@@ -1,0 +1,85 @@
+"""The integer kernel (qkernel.c): built once per machine, loaded with its C signatures, and its fastest exact path.
+
+Every path gives the same bits (tests/engine/test_qkernel.py), so the path is a speed choice only: AMX where the
+CPU has amx_int8 and Linux grants the tile state, else AVX-512 VNNI, else AVX2; the scalar reference for tests.
+"""
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..cpuinfo import cpu_flags
+from ..native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
+
+SOURCE = Path(__file__).with_name("qkernel.c")
+UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it
+# the kernel's type numbers (qtypes.h), by GGML's names; SUPER: weights per (super-)block along K
+TYPES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9}
+SUPER = {name: (256 if name.endswith("_K") else 32) for name in TYPES}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
+               "Q5_K": 176, "Q6_K": 210}
+REFERENCE, AVX2, VNNI, AMX = 0, 1, 2, 3
+PATH_NAMES = {REFERENCE: "scalar reference", AVX2: "AVX2", VNNI: "AVX-512 VNNI", AMX: "AMX int8"}
+VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+# AMX from this many rows (measured on an AMX Xeon, one thread): below, VNNI's per-row dot products cost less
+# than AMX's decode per call; 32-types scale every block's tile, so they gain later than K-quants
+AMX_MIN_ROWS = {True: 8, False: 16}  # by K-quant
+
+
+@dataclass(frozen=True)
+class Kernel:
+    lib: ctypes.CDLL
+    path: int  # the fastest path this CPU runs
+
+    def path_for(self, rows: int, qtype: str) -> int:
+        return VNNI if self.path == AMX and rows < AMX_MIN_ROWS[qtype.endswith("_K")] else self.path
+
+    @property
+    def name(self) -> str:
+        return PATH_NAMES[self.path]
+
+
+def supported() -> bool:
+    return cpu_supported(CPU_FLAGS)
+
+
+def best_path(lib: ctypes.CDLL) -> int:
+    flags = cpu_flags()
+    if not all(f in flags for f in VNNI_FLAGS):
+        return AVX2
+    if "amx_int8" in flags and "amx_tile" in flags and lib.amx_init() == 0:
+        return AMX
+    return VNNI
+
+
+_builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
+
+
+def start_build(cache_dir: str) -> Future:
+    """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it."""
+    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=("-ffp-contract=off",), units=UNITS)
+
+
+@lru_cache(maxsize=2)
+def load_kernel(cache_dir: str) -> Kernel:
+    """The kernel for this CPU. Raises NativeKernelUnavailable without AVX2/FMA/F16C or a C compiler."""
+    import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
+
+    if not supported():
+        raise NativeKernelUnavailable(f"the integer kernel needs a CPU with {', '.join(CPU_FLAGS)}")
+    lib = ctypes.CDLL(str(start_build(cache_dir).result()))
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.repack.argtypes = [c_int, ptr, i64, i64, i64, ptr, ptr, c_int]
+    lib.dequant_rows.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, c_int]
+    lib.dequant_packed.argtypes = [c_int, ptr, i64, i64, ptr]
+    lib.quantize_acts.argtypes = [c_int, ptr, i64, i64, i64, ptr, ptr, ptr, ptr, c_int]
+    lib.gemm.argtypes = [c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, c_int, c_int]
+    lib.packed_bytes.argtypes = [c_int, i64, i64]
+    lib.packed_bytes.restype = i64
+    lib.amx_init.restype = c_int
+    for name in ("repack", "dequant_rows", "dequant_packed", "quantize_acts", "gemm"):
+        getattr(lib, name).restype = None
+    return Kernel(lib, best_path(lib))

@@ -1,0 +1,107 @@
+"""Linear layers over GGUF blocks in the kernel's packed layout: y = x @ W^T with x quantized per row to int8.
+
+A PackedWeight is one GGUF tensor (any block type the kernel reads), repacked once (repack) and mapped from the
+cache file after that; StackedWeight runs several (q, k, v; gate, up) into column ranges of one output, each in
+its own block type, sharing one quantization of x per scheme. Rows are quantized one by one and every product is
+an exact integer sum, so a row's output never depends on the rows beside it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .kernel import SUPER, TYPES, Kernel
+
+PANEL = 16
+
+
+@dataclass
+class Acts:
+    """x quantized for one scheme: 32-types (Q8_0/Q8_1) or K-quants (Q8_K)."""
+    q: torch.Tensor  # int8 [rows padded to 32, K]
+    d: torch.Tensor
+    s: torch.Tensor
+    bsum: torch.Tensor
+    rows: int
+
+
+def quantize(kernel: Kernel, qtype: str, x: torch.Tensor) -> Acts:
+    m, k = x.shape
+    sb = SUPER[qtype]
+    padded = -(-m // 32) * 32  # two AMX tiles of 16 rows
+    q = torch.empty(padded, k, dtype=torch.int8)
+    d = torch.empty(m, k // sb, dtype=torch.float32)
+    s = torch.empty(m, k // 32 if sb == 32 else 1, dtype=torch.float32)
+    bsum = torch.empty(m, k // (32 if sb == 32 else 16), dtype=torch.int32)
+    kernel.lib.quantize_acts(TYPES[qtype], x.data_ptr(), m, k, padded, q.data_ptr(), d.data_ptr(), s.data_ptr(),
+                             bsum.data_ptr(), torch.get_num_threads())
+    return Acts(q, d, s, bsum, m)
+
+
+@dataclass
+class PackedWeight:
+    qtype: str
+    n: int
+    k: int
+    data: np.ndarray  # uint8, the packed panels (a view of the mapped cache file)
+    kernel: Kernel
+
+    @property
+    def scheme(self) -> int:
+        return SUPER[self.qtype]
+
+    def matmul(self, acts: Acts, out: torch.Tensor) -> None:
+        """out [rows, >= n] (rows `out.stride(0)` apart) <- acts @ W^T."""
+        rows = acts.rows
+        self.kernel.lib.gemm(TYPES[self.qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(),
+                             acts.bsum.data_ptr(), rows, self.k, self.data.ctypes.data, self.n, out.data_ptr(),
+                             out.stride(0), self.kernel.path_for(rows, self.qtype), torch.get_num_threads())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return StackedWeight([self])(x)
+
+
+@dataclass
+class StackedWeight:
+    parts: list[PackedWeight]
+
+    @property
+    def n(self) -> int:
+        return sum(p.n for p in self.parts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        dtype, lead = x.dtype, x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+        out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
+        acts: dict[int, Acts] = {}
+        col = 0
+        for part in self.parts:
+            if part.scheme not in acts:
+                acts[part.scheme] = quantize(part.kernel, part.qtype, x)
+            part.matmul(acts[part.scheme], out[:, col:col + part.n])
+            col += part.n
+        return out.view(*lead, self.n).to(dtype)
+
+
+def packed_size(kernel: Kernel, qtype: str, n: int, k: int) -> int:
+    return int(kernel.lib.packed_bytes(TYPES[qtype], n, k))
+
+
+def repack(kernel: Kernel, qtype: str, raw: np.ndarray, n: int, k: int, out: np.ndarray,
+           rows: np.ndarray | None = None) -> None:
+    """raw: the GGUF tensor's bytes [n rows of k / block weights] -> out (packed_size bytes); output row i is raw
+    row rows[i] where rows is given."""
+    order = None if rows is None else np.ascontiguousarray(rows, dtype=np.int64)
+    kernel.lib.repack(TYPES[qtype], raw.ctypes.data, raw.nbytes // n, n, k, None if order is None else order.ctypes.data,
+                      out.ctypes.data, torch.get_num_threads())
+
+
+def dequantize_rows(kernel: Kernel, qtype: str, raw: np.ndarray, n: int, k: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a GGUF tensor as float32 [len(ids), k], as gguf's dequantize computes them."""
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    kernel.lib.dequant_rows(TYPES[qtype], raw.ctypes.data, raw.nbytes // n, k, ids.data_ptr(), ids.numel(),
+                            out.data_ptr(), torch.get_num_threads())
+    return out

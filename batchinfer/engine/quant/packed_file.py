@@ -1,0 +1,107 @@
+"""Packed weights (quant/packed.py) in one cache file, built once and mapped after that: a GGUF's projections
+(gguf/load.py), or a dense checkpoint's quantized to Q8_0 at load (quant/dense_q8_0.py).
+
+Layout: 8 bytes of header length, a JSON header {tensor: [block type, rows, cols, offset, bytes]}, then each
+tensor's packed panels at 64-byte aligned offsets. Built tensor by tensor into a mapped file whose pages are
+written back and dropped as it goes, so the build's memory stays near one tensor, not the model, and the file is
+at most a few percent larger than the GGUF's projections.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .kernel import Kernel
+from .packed import PackedWeight, packed_size, repack
+
+VERSION = 1
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Source:
+    """One tensor to pack: its block type, shape, its rows of GGUF blocks (made when packed), the row order."""
+    name: str
+    qtype: str
+    n: int
+    k: int
+    blocks: Callable[[], np.ndarray]
+    rows: np.ndarray | None = None
+    done: Callable[[], None] = lambda: None  # after packing (the GGUF's pages of it are given back)
+
+
+def packed_weights(sources: list[Source], kernel: Kernel, path: Path) -> dict[str, PackedWeight]:
+    """Tensor name -> its packed weight, mapped from `path` (built first if missing)."""
+    if not path.exists():
+        build(sources, kernel, path)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    data = np.frombuffer(mapped, dtype=np.uint8)
+    (size,) = struct.unpack_from("<Q", mapped, 0)
+    header = json.loads(bytes(mapped[8:8 + size]))
+    if header.pop("__version__", None) != VERSION:
+        raise ValueError(f"{path} was written by another layout version; delete it to rebuild")
+    return {name: PackedWeight(qtype, n, k, data[offset:offset + nbytes], kernel)
+            for name, (qtype, n, k, offset, nbytes) in header.items()}
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def build(sources: list[Source], kernel: Kernel, path: Path) -> None:
+    sizes = {s.name: packed_size(kernel, s.qtype, s.n, s.k) for s in sources}
+    widest = {s.name: [s.qtype, s.n, s.k, 10 ** 15, sizes[s.name]] for s in sources}  # no offset is longer
+    offset = _aligned(8 + len(json.dumps(widest | {"__version__": VERSION})))
+    entries: dict[str, tuple[str, int, int, int, int]] = {}
+    for s in sources:
+        entries[s.name] = (s.qtype, s.n, s.k, offset, sizes[s.name])
+        offset = _aligned(offset + sizes[s.name])
+    header = json.dumps(entries | {"__version__": VERSION}).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.ftruncate(fd, offset)
+        with mmap.mmap(fd, offset) as out:
+            out[:8] = struct.pack("<Q", len(header))
+            out[8:8 + len(header)] = header
+            view = np.frombuffer(out, dtype=np.uint8)
+            for source in sources:
+                _, n, k, start, nbytes = entries[source.name]
+                repack(kernel, source.qtype, source.blocks(), n, k, view[start:start + nbytes], source.rows)
+                out.flush(start - start % mmap.PAGESIZE, nbytes + start % mmap.PAGESIZE)
+                drop(out, start, nbytes)
+                source.done()
+            del view
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)  # a concurrent builder's file is as good as ours
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def quantize_q8_0(weight: np.ndarray) -> np.ndarray:
+    """ggml's reference Q8_0 of a float32 [n, k] matrix, as rows of GGUF blocks."""
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.quantize(np.ascontiguousarray(weight, dtype=np.float32), GGMLQuantizationType.Q8_0)
+
+
+def drop(mapped: mmap.mmap, start: int, nbytes: int) -> None:
+    """Give a range's pages back (they stay in the page cache): the build's RSS stays near one tensor."""
+    first = start - start % mmap.PAGESIZE
+    try:
+        mapped.madvise(mmap.MADV_DONTNEED, first, nbytes + start - first)
+    except (OSError, ValueError):
+        pass

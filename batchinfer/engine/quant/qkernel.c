@@ -1,0 +1,40 @@
+// The integer kernel over GGUF's block types: repack, de-quantize, quantize activations, and the GEMM
+// y[M, N] = x[M, K] @ W[N, K]^T with W packed (qtypes.h) and x quantized per row (acts.h).
+// Paths, chosen per call: 0 the scalar reference, 1 AVX2, 2 AVX-512 VNNI, 3 AMX; all give the same bits.
+// Built with AVX2 flags, in three units compiled side by side (this one, qkernel_avx512.c, qkernel_amx.c); the
+// AVX-512 and AMX code carries its own target, so one library serves every CPU.
+#include <stdlib.h>
+#include "gemm_avx2.h"
+
+extern const gemm_fn GEMM_VNNI[NTYPES], GEMM_AMX[NTYPES];
+
+int64_t packed_bytes(int t, int64_t n, int64_t k) { return packed_bytes_of(t, n, k); }
+
+void repack(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
+            int threads) {
+    repack_rows(t, raw, row_bytes, N, K, rows, out, threads);
+}
+
+void dequant_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n_ids,
+                  float *out, int threads) {
+    dequant_gguf_rows(t, raw, row_bytes, K, ids, n_ids, out, threads);
+}
+
+void dequant_packed(int t, const uint8_t *w, int64_t N, int64_t K, float *out) { dequant_panels(t, w, N, K, out); }
+
+void quantize_acts(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
+                   int32_t *bsum, int threads) {
+    quantize_rows(t, x, M, K, rows_padded, q, d, s, bsum, threads);
+}
+
+void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
+          const uint8_t *w, int64_t N, float *y, int64_t ldy, int path, int threads) {
+    uint32_t *pairs = QT[t].kquant ? malloc((size_t)(M * (K / QK) * 8) * sizeof(uint32_t)) : NULL;
+    const act_t A = {xq, xd, xs, xbs, K, pairs};
+    if (pairs) make_pairs(t, &A, M, pairs);
+    if (path == 3) GEMM_AMX[t](&A, M, w, N, y, ldy, threads);
+    else if (path == 2) GEMM_VNNI[t](&A, M, w, N, y, ldy, threads);
+    else if (path == 1) GEMM_AVX2[t](&A, M, w, N, y, ldy, threads);
+    else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);
+    free(pairs);
+}

@@ -1,0 +1,20 @@
+// The AVX-512 VNNI path's ten block types (gemm_avx512.h), compiled beside the rest (qkernel.c).
+#include "gemm_avx512.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+
+#define VNNI_TYPE(T) \
+    static void gemm_vnni_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
+        const int64_t panels = (N + PANEL - 1) / PANEL, bytes = (A->K / QT[T].sb) * layout_of(T).record_bytes;               \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                                                  \
+        for (int64_t p = 0; p < panels; p++)                                                                               \
+            panel_vnni(T, A, M, w + p * bytes, y + p * PANEL, ldy, (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL)); \
+    }
+VNNI_TYPE(Q4_0) VNNI_TYPE(Q4_1) VNNI_TYPE(Q5_0) VNNI_TYPE(Q5_1) VNNI_TYPE(Q8_0)
+VNNI_TYPE(Q2_K) VNNI_TYPE(Q3_K) VNNI_TYPE(Q4_K) VNNI_TYPE(Q5_K) VNNI_TYPE(Q6_K)
+
+const gemm_fn GEMM_VNNI[NTYPES] = {gemm_vnni_Q4_0, gemm_vnni_Q4_1, gemm_vnni_Q5_0, gemm_vnni_Q5_1, gemm_vnni_Q8_0,
+                                          gemm_vnni_Q2_K, gemm_vnni_Q3_K, gemm_vnni_Q4_K, gemm_vnni_Q5_K, gemm_vnni_Q6_K};
+
+#pragma GCC pop_options

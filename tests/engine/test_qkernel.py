@@ -1,0 +1,117 @@
+"""The integer kernel (engine/quant/) on every GGUF block type it reads, on small random tensors:
+its de-quantization against gguf's numpy dequantize bit for bit, the packed layout losing nothing, every path
+(scalar reference, AVX2, AVX-512 VNNI, AMX) giving the same bits at every row count, and its dot products against
+a float64 reference of the quantized arithmetic."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from batchinfer.engine.quant.kernel import AMX, AVX2, BLOCK_BYTES, REFERENCE, SUPER, TYPES, VNNI, load_kernel
+from batchinfer.engine.quant.packed import PackedWeight, dequantize_rows, packed_size, quantize, repack
+
+pytestmark = pytest.mark.fast
+
+# where each type keeps its fp16 scales (d, and dmin or m): set to sane values, the rest of a block is random bytes
+SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+                 "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    return load_kernel(str(tmp_path_factory.mktemp("qkernel")))
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    nb = k // SUPER[qtype]
+    raw = rng.integers(0, 256, size=(n, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    for i, off in enumerate(SCALE_OFFSETS[qtype]):
+        scale = rng.uniform(1e-3, 2e-2, size=(n, nb)) * (rng.choice([-1, 1], size=(n, nb)) if i == 1 else 1)
+        raw[..., off:off + 2] = scale.astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+    return raw.reshape(n, nb * BLOCK_BYTES[qtype])
+
+
+def packed(kernel, qtype: str, raw: np.ndarray, n: int, k: int) -> PackedWeight:
+    out = np.zeros(packed_size(kernel, qtype, n, k), dtype=np.uint8)
+    repack(kernel, qtype, raw, n, k, out)
+    return PackedWeight(qtype, n, k, out, kernel)
+
+
+def emulate(kernel, weight: PackedWeight, raw: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """The kernel's arithmetic in float64: the same int8 activations, per block (or super-block) sum(w q) d_x.
+    Q4_1/Q5_1 take their min as llama.cpp does, m_w * s_x with s_x the Q8_1 block's fp16 d * sum(q)."""
+    acts = quantize(kernel, weight.qtype, x)
+    n, k, sb = weight.n, weight.k, SUPER[weight.qtype]
+    w = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[weight.qtype]).reshape(n, k)).double()
+    q = acts.q[:acts.rows].double().reshape(acts.rows, -1, sb)
+    if weight.qtype not in ("Q4_1", "Q5_1"):
+        return torch.einsum("mbk,nbk,mb->mn", q, w.reshape(n, -1, sb), acts.d.double())
+    blocks = raw.reshape(n, -1, BLOCK_BYTES[weight.qtype])
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float64))
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64))
+    u = torch.round((w.reshape(n, -1, sb) - m[..., None]) / d[..., None])
+    return (torch.einsum("mbk,nbk,nb,mb->mn", q, u, d, acts.d.double())
+            + torch.einsum("nb,mb->mn", m, acts.s.double()))
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_dequantized_rows_are_ggufs_bit_for_bit(kernel, qtype):
+    n, k = 20, 512
+    raw = random_blocks(qtype, n, k)
+    want = quants.dequantize(raw, GGMLQuantizationType[qtype]).reshape(n, k)
+    got = dequantize_rows(kernel, qtype, raw, n, k, torch.tensor([3, 0, 19, 3]))
+    assert np.array_equal(got.numpy().view(np.uint32), want[[3, 0, 19, 3]].view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_the_packed_layout_keeps_every_weight_and_its_row_order(kernel, qtype):
+    n, k = 40, 512  # 40: the last panel of 16 is half padding
+    raw = random_blocks(qtype, n, k, seed=1)
+    rows = np.random.default_rng(2).permutation(n)
+    out = np.zeros(packed_size(kernel, qtype, n, k), dtype=np.uint8)
+    repack(kernel, qtype, raw, n, k, out, rows)
+    back = torch.empty(n, k)
+    kernel.lib.dequant_packed(TYPES[qtype], out.ctypes.data, n, k, back.data_ptr())
+    want = quants.dequantize(raw, GGMLQuantizationType[qtype]).reshape(n, k)[rows]
+    assert np.array_equal(back.numpy(), want)
+
+
+def paths(kernel) -> list[int]:
+    return [p for p in (REFERENCE, AVX2, VNNI, AMX) if p <= kernel.path]
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_every_path_and_row_count_gives_the_same_bits(kernel, qtype):
+    n, k = 40, 512
+    raw = random_blocks(qtype, n, k, seed=3)
+    weight = packed(kernel, qtype, raw, n, k)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(4))
+    acts = quantize(kernel, qtype, x)
+    outs = {}
+    for path in paths(kernel):
+        y = torch.full((37, n + 3), float("nan"))  # rows 3 wider than n: ldy != n, and nothing past n written
+        kernel.lib.gemm(TYPES[qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(), acts.bsum.data_ptr(),
+                        37, k, weight.data.ctypes.data, n, y.data_ptr(), n + 3, path, 2)
+        assert torch.isnan(y[:, n:]).all()
+        outs[path] = y[:, :n]
+    for path, y in outs.items():
+        assert torch.equal(y, outs[REFERENCE]), f"path {path} differs from the scalar reference"
+    for rows in (1, 2, 5, 16, 17):  # a row's result whatever rows share its call (and whichever path runs them)
+        assert torch.equal(weight(x[:rows]), outs[kernel.path][:rows])
+    assert torch.equal(weight(x[20:23]), outs[kernel.path][20:23])
+
+
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_dot_products_match_a_float64_reference_of_the_quantized_arithmetic(kernel, qtype):
+    n, k = 32, 1024
+    raw = random_blocks(qtype, n, k, seed=5)
+    weight = packed(kernel, qtype, raw, n, k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(6))
+    want = emulate(kernel, weight, raw, x)
+    got = weight(x).double()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    exact = x.double() @ torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[qtype]).reshape(n, k)).double().T
+    assert (got - exact).abs().max() < 0.03 * exact.abs().max()  # int8 activations: about 1% of the largest output
