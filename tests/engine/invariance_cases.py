@@ -84,20 +84,20 @@ def mixed_batch(eng: LLMEngine, reqs: list[GenerationRequest], extra: list[Gener
     return outputs(eng.generate(batch))
 
 
-def arrangements(loaded, dtype: str, device: str = "cpu", activations: str = "float32") -> dict[str, dict]:
+def arrangements(loaded, dtype: str, device: str = "cpu") -> dict[str, dict]:
     """Every in-process arrangement; "alone" (each request by itself, nothing cached) is the reference."""
     tok = loaded.tokenizer
     reqs, extra = requests(tok), fillers(tok)
-    cold = engine(loaded, dtype, device=device, activations=activations)
+    cold = engine(loaded, dtype, device=device)
     found = {"alone": alone(cold, reqs), "batch of 64": mixed_batch(cold, reqs, extra),
              "reverse order": mixed_batch(cold, reqs[::-1], extra[::-1])}
-    warm = engine(loaded, dtype, prefix_caching=True, device=device, activations=activations)
+    warm = engine(loaded, dtype, prefix_caching=True, device=device)
     found["prefix cache cold"] = mixed_batch(warm, reqs, extra)
     found["prefix cache warm"] = mixed_batch(warm, reqs[::-1], extra)
     # Blocks of 4 tokens, so decodes keep needing new ones (with 16 and 3 tokens out none of these prompts
     # crosses a block), and 24 of them: about one long prompt's worth.
     small = engine(loaded, dtype, prefix_caching=True, kv_bytes=_kv_bytes_for_blocks(loaded, dtype, 24, 4), block_size=4,
-                   device=device, activations=activations)
+                   device=device)
     found["preempted (small KV budget)"] = mixed_batch(small, reqs, extra)
     found["preemptions"] = {"count": small.num_preemptions}
     return found
