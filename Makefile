@@ -18,7 +18,7 @@ install:
 # Build what the default engine maps at start-up (the GGUF's repacked blocks, the integer kernel, the tokenizer
 # files where weight_format auto picks gguf; else the dense layout), so the first run is warm.
 model:
-	$(PYTHON) -c "import time; from batchinfer.engine.loader import load_model_light; \
+	$(PYTHON) -c "import time; from batchinfer.engine.loading.loader import load_model_light; \
 	from batchinfer.runtime.engine_host import engine_config; from batchinfer.settings import Settings; \
 	t = time.time(); s = Settings(); c = engine_config(s); \
 	m = load_model_light(s.model, s.model_cache, c.torch_dtype, c.weight_format); \
@@ -36,7 +36,7 @@ demo: install model
 
 # The tests also compare against transformers: its float32 conversion of the GGUF, made once before they start.
 test-model: model
-	$(PYTHON) -c "from batchinfer.engine.loader import resolve_model_dir; from batchinfer.settings import Settings; \
+	$(PYTHON) -c "from batchinfer.engine.loading.loader import resolve_model_dir; from batchinfer.settings import Settings; \
 	s = Settings(); print('transformers reference at', resolve_model_dir(s.model, s.model_cache))"
 
 test: install test-model

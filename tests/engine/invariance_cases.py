@@ -104,7 +104,7 @@ def arrangements(loaded, dtype: str, device: str = "cpu") -> dict[str, dict]:
 
 
 def _kv_bytes_for_blocks(loaded, dtype: str, blocks: int, block_size: int) -> int:
-    from batchinfer.engine.model_runner import kv_bytes_per_block
+    from batchinfer.engine.runner.model_runner import kv_bytes_per_block
     return blocks * kv_bytes_per_block(loaded.hf_model.config, EngineConfig(dtype=dtype, block_size=block_size))
 
 
@@ -124,7 +124,7 @@ def load(weight_format: str = "dense"):
     """The model an arrangement runs: transformers' load (dense), or the light load with the GGUF's blocks."""
     import torch
 
-    from batchinfer.engine.loader import load_model, load_model_light
+    from batchinfer.engine.loading.loader import load_model, load_model_light
     from tests.engine.conftest import model_cache_dir
     if weight_format == "dense":
         return load_model(None, model_cache_dir())

@@ -319,7 +319,7 @@ def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:
     constraint = body.constraint()
     if constraint is None:
         return
-    from batchinfer.engine.grammar import check_constraint  # the grammar library loads only for lines that need it
+    from batchinfer.engine.sampling.grammar import check_constraint  # the grammar library loads only for lines that need it
 
     reason = check_constraint(*constraint)
     if reason is not None:

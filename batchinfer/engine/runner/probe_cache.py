@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cpuinfo import cpu_info
+from ..machine.cpuinfo import cpu_info
 
 log = logging.getLogger(__name__)
 
