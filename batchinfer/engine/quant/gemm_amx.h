@@ -62,25 +62,31 @@ INL void decode_codes(const int t, const uint8_t *panel, int64_t nsb, uint8_t *t
     }
 }
 
-// K-quants: one super-block's sc * (u - z) as lo and hi byte planes, [64][64] each (tile rows of 4 k).
+// K-quants: one super-block's c = sc * (u - z) as lo and hi byte planes, [64][64] each (tile rows of 4 k).
+// vpmaddubsw against (sc, 0) and (0, sc) byte pairs gives the even and the odd bytes' u * sc as words
+// (|u * sc| <= 63 * 128: no saturation); z * sc comes off as a word; the planes are each word's low and high
+// byte, put back in place by a byte blend.
 INL void decode_scaled(const int t, const uint8_t *rec, uint8_t *lo, uint8_t *hi) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
-    const __m512i pairs = _mm512_set_epi16(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8,
-                                           7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i low = _mm512_set1_epi16(0x00FF), high = _mm512_set1_epi16((short)0xFF00), z = _mm512_set1_epi16((short)q.z);
+    const __m512i spread = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __mmask64 odd_bytes = 0xAAAAAAAAAAAAAAAAull;
     for (int g = 0; g < L.groups; g++) {
         __m512i v[8];
         decode_group(t, rec + L.off_codes + g * L.group_bytes, v);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rec + L.off_sc + g * PANEL)));
-        const __m512i sc = _mm512_permutexvar_epi16(pairs, _mm512_castsi256_si512(sc16));  // word w: channel w / 2
+        // channel n's scale in the four bytes of lane n, then only in the even (or the odd) byte of each pair
+        const __m512i sc32 = _mm512_permutexvar_epi32(spread, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + L.off_sc + g * PANEL))));
+        const __m512i sc8 = _mm512_and_si512(sc32, _mm512_set1_epi32(0xFF));
+        const __m512i sc_even = _mm512_or_si512(sc8, _mm512_slli_epi32(sc8, 16));
+        const __m512i sc_odd = _mm512_slli_epi32(sc_even, 8);
+        const __m512i zsc = _mm512_mullo_epi16(_mm512_srai_epi32(_mm512_slli_epi32(sc32, 16), 16), _mm512_set1_epi16((short)q.z));
+        const __m512i zw = _mm512_or_si512(_mm512_and_si512(zsc, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(zsc, 16));
         for (int j = 0; j < L.vecs; j++) {
-            const __m512i even = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_and_si512(v[j], low), z), sc);
-            const __m512i odd = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_srli_epi16(v[j], 8), z), sc);
+            __m512i even = _mm512_maddubs_epi16(v[j], sc_even), odd = _mm512_maddubs_epi16(v[j], sc_odd);
+            if (q.z) even = _mm512_sub_epi16(even, zw), odd = _mm512_sub_epi16(odd, zw);
             const int row = g * L.vecs + j;
-            _mm512_store_si512(lo + row * 64, _mm512_or_si512(_mm512_and_si512(even, low), _mm512_slli_epi16(odd, 8)));
-            _mm512_store_si512(hi + row * 64, _mm512_or_si512(_mm512_and_si512(_mm512_srai_epi16(even, 8), low),
-                                                              _mm512_and_si512(odd, high)));
+            _mm512_store_si512(lo + row * 64, _mm512_mask_blend_epi8(odd_bytes, even, _mm512_slli_epi16(odd, 8)));
+            _mm512_store_si512(hi + row * 64, _mm512_mask_blend_epi8(odd_bytes, _mm512_srai_epi16(even, 8), odd));
         }
     }
 }
