@@ -48,7 +48,7 @@ class GGUFModel:
     folder: Path  # config.json, the tokenizer files and the packed weights
     weights: dict[str, object]  # norms (tensors) and the embedding
     quant: dict[str, StackedWeight]  # every projection and the LM head
-    kinds: str  # the block types, for the start-up line
+    kinds: str  # the block types and the kernel's path, for the start-up line
 
 
 def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[str, str]:
@@ -83,8 +83,8 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}
     weights: dict[str, object] = {name: _float(g, parts) for name, parts in dense_tensors(g, config).items()}
     weights["embed"] = _embedding(g, kernel)
-    kinds = "/".join(sorted({w.qtype for s in quant.values() for w in s.parts}))
-    log.info("loaded %s in its own %s blocks in %.1f s", path.name, kinds, time.time() - started)
+    kinds = "/".join(sorted({w.qtype for s in quant.values() for w in s.parts})) + f" on {kernel.name}"
+    log.info("loaded %s in its own blocks (%s) in %.1f s", path.name, kinds, time.time() - started)
     tree = SimpleNamespace(config=SimpleNamespace(**config), generation_config=SimpleNamespace())
     return GGUFModel(tree, folder, weights, quant, kinds)
 
