@@ -28,7 +28,14 @@ class JobNotFound(BatchInferError):
 
 
 class InvalidRequest(BatchInferError):
+    """A request the service refuses: HTTP 400 with `code` and `param` (batchinfer.error_codes); without a code, the
+    message's `code: ` prefix names it."""
+
     exit_code = 2
+
+    def __init__(self, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
 
 
 class TooManyActive(BatchInferError):

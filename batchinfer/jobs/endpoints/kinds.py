@@ -10,6 +10,8 @@ BODIES: dict[str, type[Body]] = {chat.CHAT_URL: chat.ChatBody, completions.COMPL
                                  responses.RESPONSES_URL: responses.ResponsesBody,
                                  embeddings.EMBEDDINGS_URL: embeddings.EmbeddingsBody}
 URLS = tuple(BODIES)
+KIND_NAMES = {chat.CHAT_URL: "Chat Completions", completions.COMPLETIONS_URL: "Completions",
+              responses.RESPONSES_URL: "Responses", embeddings.EMBEDDINGS_URL: "Embeddings"}  # as OpenAI's messages name them
 # a field's rule comes from the last model that names it (line_problems.RULES): none of these disagree
 MODELS = (chat.ChatMessage, chat.ChatBody, completions.CompletionBody, responses.InputText, responses.InputMessage,
           responses.ResponsesBody, embeddings.EmbeddingsBody)
