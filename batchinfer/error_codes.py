@@ -52,7 +52,6 @@ TABLE: dict[str, ErrorCode] = _codes(
     # a request's own 400 (a body the model cannot take), while the rest runs
     ErrorCode("context_length_exceeded", OPENAI, (REQUEST,), "prompt tokens + max_tokens over the model's context"),
     ErrorCode("unsupported_parameter", OPENAI, (REQUEST,), "a field this server does not serve (tools, audio...)"),
-    ErrorCode("unknown_parameter", OPENAI, (REQUEST,), "a field the API has not (Anthropic's params)"),
     ErrorCode("integer_below_min_value", OPENAI, (REQUEST,), "an integer under its minimum"),
     ErrorCode("integer_above_max_value", OPENAI, (REQUEST,), "an integer over its maximum"),
     ErrorCode("decimal_below_min_value", OPENAI, (REQUEST,), "a number under its minimum"),

@@ -92,6 +92,12 @@ class Job(Base):
     output_deleted_at: Mapped[float | None] = mapped_column(Float)
     error_deleted_at: Mapped[float | None] = mapped_column(Float)
 
+    def kept_key(self, errors: bool = False) -> str | None:
+        """The output (or error) file's storage key while the file is there: None when none was made, or once its
+        owner deleted it."""
+        key, deleted = (self.error_key, self.error_deleted_at) if errors else (self.output_key, self.output_deleted_at)
+        return key if deleted is None else None
+
 
 OPEN_NEEDS_UNIT = "status NOT IN ('planned', 'running') OR unit_id IS NOT NULL"
 

@@ -9,8 +9,12 @@ from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.errors import BatchInferError, JobNotFound
+from batchinfer.error_codes import batch_not_found, file_not_found
+from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, shown
+from batchinfer.jobs import files
+from batchinfer.jobs.idempotency import Claim
 from batchinfer.jobs.intake.submission import create_job
+from batchinfer.jobs.state import intake as intake_state
 from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending
@@ -34,6 +38,25 @@ def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | N
         raise KeyboardInterrupt(f"job {job.id} cancelled before its validation ended") from None
 
 
+def create_from_file(ctx: AppContext, owner: str, file_id: str, idempotency: Claim | None = None, **fields) -> Job:
+    """A batch of an uploaded file, in `validating` (the caller has it validated), as OpenAI's create: a file that
+    cannot be found still makes the batch, failed at once with `invalid_request` naming file_id (so a client that
+    creates then polls sees why). fields: create_job's (endpoint, metadata, completion_window, ...)."""
+    try:
+        upload: files.FileView | None = files.get(ctx, owner, file_id)
+    except JobNotFound:
+        upload = None
+    if upload is not None and upload.purpose != "batch":
+        raise InvalidRequest("input_file_id must be a file uploaded with purpose 'batch'.", code="invalid_value",
+                             param="input_file_id")
+    job = create_job(ctx, input_key=upload.storage_key if upload else None, filename=upload.filename if upload else "",
+                     owner_id=owner, input_file_id=file_id, idempotency=idempotency, **fields)
+    if upload is None:
+        intake_state.fail_validation(ctx, job.id, file_not_found(shown(file_id)), code="invalid_request", param="file_id")
+        job = get(ctx, job.id)
+    return job
+
+
 # `owner` scopes a call to one tenant: another tenant's job answers exactly as a missing one.
 ANY_OWNER = object()
 
@@ -42,7 +65,7 @@ def get(ctx: AppContext, job_id: str, owner=ANY_OWNER) -> Job:
     with ctx.sessions() as session:
         job = session.get(Job, job_id)
     if job is None or (owner is not ANY_OWNER and job.owner_id != owner):
-        raise JobNotFound(f"no job {job_id!r}")
+        raise JobNotFound(batch_not_found(shown(job_id)))
     return job
 
 
@@ -71,10 +94,12 @@ def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWN
 def download(ctx: AppContext, job_id: str, target: BinaryIO, errors: bool = False) -> bool:
     """Copy the output (or error) file into target; False when the job has no such file."""
     job = get(ctx, job_id)
-    key = job.error_key if errors else job.output_key
+    key = job.kept_key(errors)
     if key is None:
+        if (job.error_key if errors else job.output_key) is not None:
+            raise BatchInferError(f"the {'error' if errors else 'output'} file of batch {job_id} was deleted")
         if job.status not in JobStatus.TERMINAL:
-            raise BatchInferError(f"job {job_id} is {job.status}; its results are ready when it is completed")
+            raise BatchInferError(f"batch {job_id} is {job.status}; its results are ready when it has ended")
         return False
     ctx.storage.download(key, target)
     return True

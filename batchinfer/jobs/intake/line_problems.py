@@ -63,6 +63,11 @@ def _problem(error: ErrorDetails, data: Any, prefix: str, own: dict[str, str | N
     return Problem(code, param, message, path)
 
 
+def openai_problem(error: ErrorDetails, named: str, value: Any) -> tuple[str, str]:
+    """OpenAI's code and wording for one of pydantic's errors on a request of the API itself."""
+    return _openai(error["type"], named, error, value, error["msg"])
+
+
 def _openai(kind: str, named: str, error: ErrorDetails, value: Any, rule: str) -> tuple[str, str]:
     """OpenAI's code and wording for one of pydantic's errors; `named` is the field as the endpoint itself names it
     (`messages[0].role`, without the line's `body.`)."""
@@ -73,8 +78,8 @@ def _openai(kind: str, named: str, error: ErrorDetails, value: Any, rule: str) -
         return E.code("invalid_type"), E.invalid_type(named, EXPECTED_TYPES[kind], value)
     if kind == "none_required":
         return E.code("unsupported_parameter"), f"Unsupported parameter: {named!r} is not supported by this server."
-    if kind == "extra_forbidden":
-        return E.code("unknown_parameter"), f"Unknown parameter: {named!r}."
+    if kind == "extra_forbidden":  # a field Anthropic's params have and we do not serve (tools, thinking...)
+        return E.code("unsupported_parameter"), f"Unsupported parameter: {named!r} is not supported by this server."
     if kind in BOUNDS:
         side, op, key = BOUNDS[kind]
         number = "decimal" if isinstance(ctx.get(key), float) else "integer"  # the field's kind, as its bound is

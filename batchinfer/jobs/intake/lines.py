@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from batchinfer import error_codes as E
 from batchinfer.errors import excerpt, shown
+from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT, Params
 from batchinfer.jobs.endpoints.batch_line import InputLine
 from batchinfer.jobs.endpoints.embeddings import EMBEDDINGS_URL, EmbeddingsBody
 from batchinfer.jobs.endpoints.kinds import BODIES, Body, KIND_NAMES
@@ -311,8 +312,9 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
 
 def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:
     """An embeddings batch holds only embedding lines, and embedding lines only go in one (as OpenAI requires); the
-    generating endpoints may share a batch (ours: docs/endpoints.md)."""
-    if endpoint is not None and (url == EMBEDDINGS_URL) != (endpoint == EMBEDDINGS_URL):
+    generating endpoints may share a batch (ours: docs/endpoints.md). A Message Batch's lines go only in one."""
+    if ((endpoint is not None and (url == EMBEDDINGS_URL) != (endpoint == EMBEDDINGS_URL))
+            or (url == MESSAGES_ENDPOINT) != (endpoint == MESSAGES_ENDPOINT)):
         raise _Rejected(("invalid_url", f"{E.URL_MISMATCH[:-1]} ({url} in a batch whose endpoint is {endpoint}).",
                          "url", custom_id))
 
@@ -345,7 +347,7 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
                                                         body.params(limits.default_max_tokens), body.echo(inputs)))
 
 
-def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:
+def _check_constraint(body: Sampling | ResponsesBody | Params, custom_id: str) -> None:
     """At most one output constraint, and one the grammar library can compile (found here, at submit time)."""
     given = body.constraints_given()
     if len(given) > 1:

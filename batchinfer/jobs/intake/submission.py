@@ -86,11 +86,12 @@ def completion_window_s(ctx: AppContext, window: str | None) -> float:
     try:
         return parse_duration(ctx.settings.completion_window if window is None else window,
                               ctx.settings.max_completion_window_s)
-    except ValueError as exc:
+    except ValueError:
         longest = ctx.settings.max_completion_window_s
-        raise InvalidRequest(f"Invalid value for 'completion_window': {shown(window)} ({exc}). Supported values are: "
-                             f"'24h', or a duration of at most {longest / 86400:g} days such as '30m', '48h' or '2d'.",
-                             code="invalid_value", param="completion_window") from None
+        # OpenAI's wording; the param and code end it too, as the openai SDK (2.x on) shows only the message
+        raise InvalidRequest(f"Invalid value: {excerpt(repr(window), 40)}. Supported values are: '24h', or a duration of "
+                             f"at most {longest / 86400:g} days such as '30m', '48h' or '2d' (param completion_window, "
+                             "code invalid_value).", code="invalid_value", param="completion_window") from None
 
 
 def check_metadata(ctx: AppContext, metadata: dict | None) -> dict:

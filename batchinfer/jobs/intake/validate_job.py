@@ -14,7 +14,8 @@ from typing import Callable
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
+from batchinfer.error_codes import batch_not_found
+from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line, shown
 from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.jobs.faults import is_transient, service_of
@@ -119,7 +120,7 @@ def _get(ctx: AppContext, job_id: str) -> Job:
     with ctx.sessions() as session:
         job = session.get(Job, job_id)
     if job is None:
-        raise JobNotFound(f"no job {job_id!r}")
+        raise JobNotFound(batch_not_found(shown(job_id)))
     return job
 
 
