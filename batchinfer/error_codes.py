@@ -71,6 +71,7 @@ TABLE: dict[str, ErrorCode] = _codes(
 )
 
 BATCH_CODES = tuple(c for c, e in TABLE.items() if BATCH in e.where)
+FILE_CODES = ("empty_file", "too_many_requests", "file_too_large")  # of the whole file, not of one line
 REQUEST_CODES = tuple(c for c, e in TABLE.items() if REQUEST in e.where)
 
 

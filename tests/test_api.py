@@ -137,11 +137,11 @@ def test_a_bad_file_fails_with_errors_naming_each_line(api):
                              endpoint="/v1/chat/completions", completion_window="24h")
     final = wait_final(c, batch.id)
     assert final.status == "failed" and final.failed_at
-    assert [(e.line, e.code) for e in final.errors.data] == [(2, "invalid_json_line"), (3, "unsupported_url")]
+    assert [(e.line, e.code) for e in final.errors.data] == [(2, "invalid_json_line"), (3, "invalid_url")]
     assert all(e.message for e in final.errors.data) and final.output_file_id is None
     errors = lines_of(c, final.error_file_id)  # its bad lines are its error file
     assert [(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors] == [
-        (None, 2, "invalid_json_line"), ("x", 3, "unsupported_url")]
+        (None, 2, "invalid_json_line"), ("x", 3, "invalid_url")]
 
 
 def test_pagination_of_files_and_batches(api):

@@ -16,8 +16,11 @@ def test_markup_and_emoji_codes_in_user_text_print_literally(tmp_path, model_cac
     src = tmp_path / "[bold]in :smile:.jsonl"
     src.write_text("\n".join([completion_line(DUP, "hi"), completion_line(DUP, "again"),
                               completion_line("[/]", "hi", model=MODEL)]) + "\n")
-    expected_errors = [f"line 2: duplicate_custom_id (custom_id): custom_id '{DUP}' appears more than once",
-                       f"line 3: model_not_found (body.model): model '{MODEL}' is not served here"]
+    expected_errors = [f"line 2: duplicate_custom_id (custom_id): The custom_id for this request is a duplicate of "
+                       f"another request. The custom_id parameter must be unique for each request in a batch. "
+                       f"('{DUP}' is used before.)",
+                       f"line 3: model_not_found (body.model): The provided model '{MODEL}' is not supported by the "
+                       "Batch API"]
     meta = [arg for k, v in METADATA.items() for arg in ("--metadata", f"{k}={v}")]
 
     submitted = batchinfer(env, "submit", str(src), *meta)

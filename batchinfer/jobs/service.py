@@ -9,11 +9,12 @@ from sqlalchemy import select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.error_codes import batch_not_found, file_not_found
+from batchinfer.error_codes import FILE_CODES, batch_not_found, file_not_found
 from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, shown
-from batchinfer.jobs import files
+from batchinfer.jobs import files, record_store
 from batchinfer.jobs.idempotency import Claim
 from batchinfer.jobs.intake.submission import create_job
+from batchinfer.jobs.records import loads
 from batchinfer.jobs.state import intake as intake_state
 from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.jobs.finalize.finalize import try_finalize
@@ -23,12 +24,14 @@ from batchinfer.jobs.state import ending
 def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | None = None,
            metadata: dict | None = None, completion_window: str | None = None, skip_invalid: bool = False,
            priority: int = 0, now: float | None = None, on_created: Callable[[Job], object] | None = None,
-           on_rows: Callable[[], None] | None = None) -> Job:
+           on_rows: Callable[[], None] | None = None, strict: bool = False) -> Job:
     """Store the input, validate it line by line, and queue the job (or fail it with every error listed).
     on_created sees the job as soon as it exists (the CLI prints its id before validation); on_rows asks for a
-    dispatch while a big file is still validated (settings.stream_dispatch)."""
+    dispatch while a big file is still validated (settings.stream_dispatch). strict: a body the endpoint refuses
+    fails the job too (else that request fails alone, as OpenAI's)."""
     job = create_job(ctx, source=source, filename=filename, model=model, metadata=metadata,
-                     completion_window=completion_window, skip_invalid=skip_invalid, priority=priority, now=now)
+                     completion_window=completion_window, skip_invalid=skip_invalid, strict=strict, priority=priority,
+                     now=now)
     if on_created is not None:
         on_created(job)
     try:
@@ -55,6 +58,21 @@ def create_from_file(ctx: AppContext, owner: str, file_id: str, idempotency: Cla
         intake_state.fail_validation(ctx, job.id, file_not_found(shown(file_id)), code="invalid_request", param="file_id")
         job = get(ctx, job.id)
     return job
+
+
+def bad_lines(ctx: AppContext, job: Job, limit: int) -> tuple[list[dict], int]:
+    """(the first `limit` bad lines of a validated job, how many there are), in line order, each as a batch error
+    ({line, code, param, message}) with `fails_alone`: a body the endpoint refused (that request's own 400, the rest
+    run), else a problem that fails the batch (or, with skip_invalid, leaves the line out). The file's own problems
+    (an empty file, too many lines) come first."""
+    found = [{**e, "fails_alone": False} for e in job.errors or [] if e.get("line") is None or e["code"] in FILE_CODES]
+    count = len(found)
+    for _, raw in record_store.invalid_lines(ctx.storage, job.id):
+        count += 1
+        if len(found) < limit:
+            entry = loads(raw)
+            found.append({**entry["error"], "fails_alone": entry.get("response") is not None})
+    return found, count
 
 
 # `owner` scopes a call to one tenant: another tenant's job answers exactly as a missing one.

@@ -67,7 +67,7 @@ def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
             state.fail_validation(ctx, job.id, cause)
         except Exception:  # the database is down too: the sweep fails it once validation_stale_s has passed
             pass
-        raise BatchInferError(f"job {job.id}: {cause}") from exc
+        raise BatchInferError(f"batch {job.id}: {cause}") from exc
 
 
 def check_model(ctx: AppContext, model: str | None) -> str:

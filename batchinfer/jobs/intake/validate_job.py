@@ -168,7 +168,7 @@ def model_tokenizer(ctx: AppContext, model: ServedModel):
     try:
         tokenizer, max_model_len = tokenizer_and_context(settings)
     except FileNotFoundError:  # a path only a worker on another machine has: the message names no path
-        where = "its path in BATCHINFER_MODELS" if model.configured else "the path its worker announced"
+        where = "its path in BATCHINFER_MODELS" if model.configured else "the path it is served from"
         raise ModelUnavailable(f"model {model.id!r} is served, but its tokenizer is not readable where this batch "
                                f"is validated ({where} is missing here)") from None
     return settings, tokenizer, max_model_len
