@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from batchinfer.jobs import lifecycle, service
 from batchinfer.db.models import Request
 from batchinfer.jobs.dispatch.planning import dispatch
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, TooManyActive
+from batchinfer.errors import InvalidRequest, JobConflict, JobNotFound, TooManyActive
 from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
@@ -76,8 +76,12 @@ def test_cancel_keeps_finished_results(make_context, generator):
         ("c1", "batch_cancelled"), ("c2", "batch_cancelled")]
     _run_units(ctx, generator, units[1:])  # units already queued find nothing left to run
     assert service.get(ctx, job.id).completed == 1
-    with pytest.raises(BatchInferError, match="already cancelled"):
-        service.cancel(ctx, job.id)
+    again = service.cancel(ctx, job.id)  # OpenAI's rule: cancelling a cancelled batch answers with it as it is
+    assert (again.status, again.cancelled_at, again.completed, again.failed) == ("cancelled", job.cancelled_at, 1, 2)
+    done = submit_lines(ctx, [completion_line("d", "Hi")])
+    _run_units(ctx, generator, dispatch(ctx))
+    with pytest.raises(JobConflict, match="Cannot cancel a batch with status 'completed'"):
+        service.cancel(ctx, done.id)
 
 
 def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, generator):

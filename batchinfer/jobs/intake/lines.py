@@ -412,7 +412,7 @@ def _envelope(obj: dict, seen_ids: set[str]) -> tuple[InputLine, str]:
     if problem and (problem.code == "missing_required_parameter" or problem.path == ("custom_id",)):
         raise _Rejected((problem.code, problem.message, problem.param, custom_id))
     if custom_id in seen_ids:
-        raise _Rejected(("duplicate_custom_id", f"{E.DUPLICATE_CUSTOM_ID} ({shown(custom_id)} is used before.)",
+        raise _Rejected(("duplicate_custom_id", f"{E.DUPLICATE_CUSTOM_ID} {shown(custom_id)} is used by an earlier line.",
                          "custom_id", custom_id))
     seen_ids.add(custom_id)
     if problem:
