@@ -67,6 +67,7 @@ TABLE: dict[str, ErrorCode] = _codes(
     # the HTTP API
     ErrorCode("not_found", OURS, (HTTP,), "no such batch or file for this key (OpenAI answers 404 with code null)"),
     ErrorCode("idempotency_conflict", OURS, (HTTP,), "an Idempotency-Key used before with another body (409)"),
+    ErrorCode("conflict", OURS, (HTTP,), "a retry of a batch that has not ended (409)"),
     ErrorCode("nothing_to_retry", OURS, (HTTP,), "a retry of a batch with no failed, expired or cancelled request"),
 )
 

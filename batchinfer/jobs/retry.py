@@ -27,7 +27,7 @@ def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: s
     (not the original's: a batch that expired would expire again)."""
     job = service.get(ctx, job_id, owner=owner)
     if job.status not in JobStatus.TERMINAL:
-        raise JobConflict(f"Batch {job_id} is {job.status}; retry it once it has ended.")
+        raise JobConflict(f"Batch {job_id} is {job.status}; retry it once it has ended.", code="conflict")
     wanted = retry_ids(ctx, job, codes)
     if not wanted:
         which = f" with code {', '.join(sorted(codes))}" if codes else ""
