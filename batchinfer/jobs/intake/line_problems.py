@@ -86,10 +86,10 @@ def _openai(kind: str, named: str, error: ErrorDetails, value: Any, rule: str) -
         word = "below minimum" if side == "below_min" else "above maximum"
         return (E.code(f"{number}_{side}_value"), f"Invalid {named!r}: {number} {word} value. Expected a value "
                 f"{op} {ctx.get(key)}, but got {shown(value)} instead.")
-    if kind == "string_too_short" and value == "":
+    if kind in ("string_too_short", "too_short") and value == "":  # too_short: a length rule after our validator
         return E.code("empty_string"), (f"Invalid {named!r}: empty string. Expected a string with minimum length "
                                         f"{ctx.get('min_length')}, but got an empty string instead.")
-    if kind == "string_too_long":
+    if kind == "string_too_long" or (kind == "too_long" and isinstance(value, str)):
         return E.code("string_above_max_length"), (f"Invalid {named!r}: string too long. Expected a string with maximum "
                                                    f"length {ctx.get('max_length')}, but got a string with length "
                                                    f"{len(value)} instead.")
