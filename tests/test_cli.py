@@ -210,6 +210,25 @@ def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(
     assert _longest_run(errs.read_text(), "x") <= 200 and _longest_run(errs.read_text(), "i") <= 200
 
 
+def test_a_refused_body_is_listed_before_anything_runs_and_fails_alone_unless_strict(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "Two plus two is"), completion_line("hot", "hi", temperature=9)])
+    out = tmp_path / "o.jsonl"
+    ran = batchinfer(env, "run", src, "-o", str(out), "--errors", str(tmp_path / "e.jsonl"))
+    assert ran.returncode == 0, ran.stderr
+    listed = ran.stderr.index("refused: line 2: decimal_above_max_value (body.temperature)")
+    assert listed < ran.stderr.index("completed: 1 completed, 1 failed")  # listed first, then it ran
+    assert [json.loads(raw)["custom_id"] for raw in out.read_text().splitlines()] == ["good"]
+    (refused,) = [json.loads(raw) for raw in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert refused["response"]["status_code"] == 400 and refused["response"]["body"]["error"]["param"] == "temperature"
+    strict = batchinfer(env, "submit", src, "--strict", "--json")
+    assert strict.returncode == 2 and json.loads(strict.stdout)["status"] == "failed"
+    assert json.loads(strict.stdout)["errors"]["data"][0]["code"] == "decimal_above_max_value"
+    both = batchinfer(env, "submit", src, "--strict", "--skip-invalid")
+    assert both.returncode == 2 and "cannot both be set" in both.stderr
+    planned = batchinfer(env, "plan", src)  # the batch would run: the refused body is listed, the plan shown
+    assert planned.returncode == 0 and "refused: line 2: decimal_above_max_value (body.temperature)" in planned.stderr
+
+
 def test_download_errors_of_a_job_that_failed_validation_writes_its_error_file(tmp_path, env):
     src = _write(tmp_path, [completion_line("good", "hi"), "{nope", completion_line("good", "again")])
     failed = batchinfer(env, "submit", src, "--json")
