@@ -133,7 +133,7 @@ async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = De
                 raise APIError(400, result["error"], "estimate_failed", "input_file_id")
             return {"object": "batch.estimate", "input_file_id": upload.id, **result}
         await asyncio.sleep(0.2)
-    raise APIError(503, "No worker answered with an estimate in time.", "estimate_timeout")
+    raise APIError(503, "No estimate came back in time; try again later.", "estimate_timeout")
 
 
 def _read(ctx: AppContext, key: str) -> bytes:
