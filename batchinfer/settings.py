@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     models: dict[str, str] = Field(default_factory=dict)
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
-    dtype: str = "auto"  # engine weights and KV cache: auto (engine/dtype.py), float32, bfloat16
+    dtype: str = "auto"  # engine weights and KV cache: auto (engine/machine/dtype.py), float32, bfloat16
     # engine weights: auto (gguf where the checkpoint is a GGUF of quantized blocks and the CPU has avx2, fma and
     # f16c, else dense), dense (de-quantized, in dtype), gguf (the GGUF's own blocks, int8 activations, CPU), q8_0
     # (any checkpoint quantized at load, CPU); engine/config.py

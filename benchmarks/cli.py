@@ -8,6 +8,7 @@ from .api import bench_api_command
 from .command import bench
 from .constrained import bench_constrained_command
 from .fidelity import bench_fidelity_command
+from .formats import bench_formats_command
 from .gguf_model import bench_make_model_command
 from .grouping import bench_grouping_command
 from .load_command import bench_load_command
@@ -46,5 +47,5 @@ for name, command in (("compare", bench), ("grouping", bench_grouping_command), 
                       ("process", bench_process_command), ("startup", bench_startup_command),
                       ("load", bench_load_command), ("pipeline", bench_pipeline_command), ("plan", bench_plan_command),
                       ("constrained", bench_constrained_command), ("make-model", bench_make_model_command),
-                      ("fidelity", bench_fidelity_command)):
+                      ("fidelity", bench_fidelity_command), ("formats", bench_formats_command)):
     app.command(name)(missing_in_one_line(command))

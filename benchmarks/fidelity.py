@@ -95,8 +95,8 @@ def bench_fidelity_command(
         import llama_cpp  # noqa: F401
     except ImportError:
         raise typer.BadParameter("llama.cpp is not installed: make llamacpp") from None
-    from batchinfer.engine.light_loader import LightTokenizer
-    from batchinfer.engine.loader import default_model_path, model_files_dir
+    from batchinfer.engine.loading.light_loader import LightTokenizer
+    from batchinfer.engine.loading.loader import default_model_path, model_files_dir
     from batchinfer.settings import get_settings
 
     if suite not in SUITES:

@@ -48,7 +48,7 @@ def make_models(out: Path, types: list[str], shape: Shape = Shape(), seed: int =
 def write_f16(path: Path, shape: Shape, seed: int) -> None:
     import gguf
 
-    from batchinfer.engine.loader import default_model_path
+    from batchinfer.engine.loading.loader import default_model_path
 
     source = gguf.GGUFReader(default_model_path())
     writer = gguf.GGUFWriter(str(path) + ".tmp", "llama")
@@ -154,7 +154,7 @@ def make_safetensors(out: Path, shape: Shape = Shape(), dtype: str = "bfloat16",
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from batchinfer.engine.loader import default_model_path, model_files_dir
+    from batchinfer.engine.loading.loader import default_model_path, model_files_dir
     from batchinfer.settings import get_settings
 
     folder = out / f"llama-{shape.hidden}h{shape.layers}l-{dtype}"

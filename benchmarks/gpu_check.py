@@ -243,7 +243,7 @@ def run_engine(backend: str, prompts: list[list[int]], args: argparse.Namespace)
 
 def pack_model(target: str, model: str | None, cache_dir: str) -> list[str]:
     """Copy the model's config and tokenizer files, not its weights, into target; returns the names."""
-    from batchinfer.engine.loader import model_files_dir
+    from batchinfer.engine.loading.loader import model_files_dir
 
     source = model_files_dir(model, cache_dir)
     Path(target).mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,7 @@ def _random_weights_model(folder: str):
     """The packed architecture with seeded random weights: the same speed as the real model."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from batchinfer.engine.loader import LoadedModel, transformers_tokenizer
+    from batchinfer.engine.loading.loader import LoadedModel, transformers_tokenizer
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32).eval()

@@ -181,9 +181,9 @@ def _run_mode(options: GroupingBenchOptions, mode: str, run_dir: Path, jobs: lis
 def kv_cache_bytes_for(settings, tokens: int) -> int:
     """The KV budget that holds `tokens` tokens in a worker's engine: the engine's own bytes per token, for
     the model and dtype the worker will run (bf16 halves them)."""
-    from batchinfer.engine.light_loader import model_config
-    from batchinfer.engine.loader import model_files_dir
-    from batchinfer.engine.model_runner import kv_bytes_per_token
+    from batchinfer.engine.loading.light_loader import model_config
+    from batchinfer.engine.loading.loader import model_files_dir
+    from batchinfer.engine.runner.model_runner import kv_bytes_per_token
     from batchinfer.runtime.engine_host import engine_config
 
     folder = model_files_dir(settings.model, settings.model_cache)

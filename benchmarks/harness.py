@@ -21,7 +21,7 @@ from .workloads import Workload, build
 def build_workloads(options: BenchOptions, seed: int | None = None) -> list[Workload]:
     from transformers import AutoTokenizer
 
-    from batchinfer.engine.loader import model_files_dir
+    from batchinfer.engine.loading.loader import model_files_dir
     tokenizer = AutoTokenizer.from_pretrained(model_files_dir(options.model_path, options.cache_dir))
     seed = options.seed if seed is None else seed
     return [build(name, tokenizer, options.requests, options.max_tokens, seed, options.shared_prefix_tokens)

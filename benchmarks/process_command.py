@@ -25,8 +25,8 @@ def bench_process_command(
     repeat: Annotated[int, typer.Option(help="rounds, the systems alternating; the table keeps each one's best")] = 1,
 ) -> None:
     """Each system as its own timed process (start-up included): batchinfer run vs llama.cpp, same GGUF."""
-    from batchinfer.engine.light_loader import LightTokenizer
-    from batchinfer.engine.loader import default_model_path, model_files_dir
+    from batchinfer.engine.loading.light_loader import LightTokenizer
+    from batchinfer.engine.loading.loader import default_model_path, model_files_dir
     from batchinfer.settings import get_settings
 
     settings = get_settings()

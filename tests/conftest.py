@@ -48,7 +48,7 @@ def tiny_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_model):
-    from batchinfer.engine.light_loader import LightTokenizer
+    from batchinfer.engine.loading.light_loader import LightTokenizer
 
     return LightTokenizer(Path(tiny_model))
 

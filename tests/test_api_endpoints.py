@@ -58,7 +58,7 @@ def embedding_line(custom_id: str, **body) -> str:
 
 def _reference(model_cache: str, ids: list[int]) -> torch.Tensor:
     """transformers' own fp32 last-token pooling of the final (normed) hidden states."""
-    from batchinfer.engine.loader import load_model
+    from batchinfer.engine.loading.loader import load_model
 
     with torch.inference_mode():
         out = load_model(None, model_cache).hf_model(torch.tensor([ids]), output_hidden_states=True)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from benchmarks.command import bench
 from benchmarks.flops import ModelShape
 from benchmarks.workloads import build
-from batchinfer.engine.loader import resolve_model_dir
+from batchinfer.engine.loading.loader import resolve_model_dir
 from batchinfer.settings import get_settings
 
 SMOLLM2 = ModelShape(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49152)

@@ -4,8 +4,8 @@ and rows recorded before the pair sums price as they did."""
 import pytest
 
 from batchinfer.db.models import EngineRate
-from batchinfer.engine.sequence import Sequence
-from batchinfer.engine.step_stats import StepStats
+from batchinfer.engine.scheduler.sequence import Sequence
+from batchinfer.engine.scheduler.step_stats import StepStats
 from batchinfer.engine.types import SamplingParams
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.views.eta import RunShape, prefill_pairs, shape_of

@@ -4,7 +4,7 @@ Also the measured engine rates that plan's estimate uses."""
 import pytest
 
 from batchinfer.db.models import EngineRate
-from batchinfer.engine.step_stats import StepStats
+from batchinfer.engine.scheduler.step_stats import StepStats
 from batchinfer.jobs import engine_rates, service
 from batchinfer.jobs.units.live import with_live
 from batchinfer.jobs.state import units

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dtype import auto_dtype
+from .machine.dtype import auto_dtype
 from .options import ATTENTION_BACKENDS, DTYPE_ALIASES, POOLINGS, WEIGHT_FORMATS
 from .options import DTYPES as DTYPE_NAMES
 from .types import EngineDescription

@@ -7,18 +7,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from .attention import make_attention_backend
-from .block_copy import copy_blocks
-from .block_manager import BlockManager
+from .kvcache.block_copy import copy_blocks
+from .kvcache.block_manager import BlockManager
 from .config import EngineConfig
-from .grammar import GrammarRunner
-from .loader import LoadedModel, load_model_light
-from .model_runner import ModelRunner
-from .parallel_sampling import ParentRequest, PromptSequence, sample_requests
-from .pooling_config import resolve_pooling
-from .scheduler import Scheduler
-from .sequence import Sequence
-from .step_stats import StepStats
-from .stop_checker import StopChecker
+from .sampling.grammar import GrammarRunner
+from .loading.loader import LoadedModel, load_model_light
+from .runner.model_runner import ModelRunner
+from .scheduler.parallel_sampling import ParentRequest, PromptSequence, sample_requests
+from .runner.pooling_config import resolve_pooling
+from .scheduler.scheduler import Scheduler
+from .scheduler.sequence import Sequence
+from .scheduler.step_stats import StepStats
+from .sampling.stop_checker import StopChecker
 from .types import EngineDescription, GenerationRequest, GenerationResult, context_length, now, refusal
 
 

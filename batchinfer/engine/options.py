@@ -2,7 +2,7 @@
 settings validate BATCHINFER_* against them. No torch here: settings import it on every command's start."""
 from __future__ import annotations
 
-DTYPES = ("float32", "bfloat16", "float16")  # what the engine runs; "auto" picks one (engine/dtype.py)
+DTYPES = ("float32", "bfloat16", "float16")  # what the engine runs; "auto" picks one (engine/machine/dtype.py)
 SETTING_DTYPES = ("auto", "float32", "bfloat16")  # what BATCHINFER_DTYPE and --dtype offer
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 WEIGHT_FORMATS = ("auto", "dense", "gguf", "q8_0")  # engine/gguf/load.py, engine/quant/dense_q8_0.py

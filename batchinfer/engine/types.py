@@ -27,8 +27,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     min_tokens: int = 0  # EOS and stop_token_ids masked until this many tokens are out
     stop_token_ids: tuple[int, ...] = ()
-    guided: tuple[str, str] | None = None  # (kind, spec) a grammar holds the output to: see engine/grammar.py
-    n: int = 1  # samples of one prompt: prefilled once, then forked (engine/parallel_sampling.py)
+    guided: tuple[str, str] | None = None  # (kind, spec) a grammar holds the output to: see engine/sampling/grammar.py
+    n: int = 1  # samples of one prompt: prefilled once, then forked (engine/scheduler/parallel_sampling.py)
 
     def __post_init__(self):
         if self.max_tokens < 1:

@@ -28,7 +28,7 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.db.models import EngineRate
 from batchinfer.db.session import retrying
-from batchinfer.engine.step_stats import StepStats
+from batchinfer.engine.scheduler.step_stats import StepStats
 
 DECAY = 0.8  # weight of the sums so far against the newest unit's
 # Before any run is measured: CPU-scale figures (SmolLM2-135M on one or two cores).

@@ -13,13 +13,13 @@ import torch
 
 from batchinfer.engine.config import EngineConfig
 from batchinfer.engine.llm_engine import aborted_result, eos_token_ids, sequence_result
-from batchinfer.engine.loader import LoadedModel, load_model
-from batchinfer.engine.logits_processors import apply_logits_processors
-from batchinfer.engine.logprobs import sampled_logprobs
-from batchinfer.engine.parallel_sampling import merge_samples, sample_requests
-from batchinfer.engine.sampler import Sampler
-from batchinfer.engine.sequence import Sequence
-from batchinfer.engine.stop_checker import StopChecker
+from batchinfer.engine.loading.loader import LoadedModel, load_model
+from batchinfer.engine.sampling.logits_processors import apply_logits_processors
+from batchinfer.engine.sampling.logprobs import sampled_logprobs
+from batchinfer.engine.scheduler.parallel_sampling import merge_samples, sample_requests
+from batchinfer.engine.sampling.sampler import Sampler
+from batchinfer.engine.scheduler.sequence import Sequence
+from batchinfer.engine.sampling.stop_checker import StopChecker
 from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult, context_length, refusal
 
 

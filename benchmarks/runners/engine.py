@@ -103,5 +103,5 @@ class StepProbe:
 def _hf_config(options):
     from transformers import AutoConfig
 
-    from batchinfer.engine.loader import model_files_dir
+    from batchinfer.engine.loading.loader import model_files_dir
     return AutoConfig.from_pretrained(model_files_dir(options.model_path, options.cache_dir))

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from batchinfer.engine.loader import load_model
+from batchinfer.engine.loading.loader import load_model
 from ..flops import ModelShape
 from ..metrics import PhaseStats, RequestRecord
 from ..workloads import Workload

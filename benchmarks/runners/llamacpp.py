@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from batchinfer.engine.loader import default_model_path, model_files_dir
+from batchinfer.engine.loading.loader import default_model_path, model_files_dir
 from ..flops import ModelShape
 from ..metrics import PhaseStats, RequestRecord
 from ..workloads import Workload, common_prefix_len

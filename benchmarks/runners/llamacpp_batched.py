@@ -11,7 +11,7 @@ import ctypes
 import time
 from dataclasses import dataclass, field
 
-from batchinfer.engine.loader import default_model_path
+from batchinfer.engine.loading.loader import default_model_path
 from ..metrics import PhaseStats, RequestRecord
 from ..workloads import Workload, common_prefix_len
 from .base import Runner, SystemUnavailable, failed_record

@@ -14,8 +14,8 @@ from rich.table import Table
 
 
 def cpu_flags() -> list[str]:
-    """The flags that decide dtype auto and weight_format auto (engine/dtype.py, engine/gguf/load.py)."""
-    from batchinfer.engine.cpuinfo import cpu_flags as flags
+    """The flags that decide dtype auto and weight_format auto (engine/machine/dtype.py, engine/gguf/load.py)."""
+    from batchinfer.engine.machine.cpuinfo import cpu_flags as flags
 
     return sorted(flags() & {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8", "avx512f", "avx512_vnni", "avx2", "fma", "f16c"})
 

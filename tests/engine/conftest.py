@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from batchinfer.engine.loader import LoadedModel, load_model
+from batchinfer.engine.loading.loader import LoadedModel, load_model
 
 MAX_NEW_TOKENS = 12
 
@@ -27,7 +27,7 @@ def loaded_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def gguf_model() -> LoadedModel:
     """The model in the GGUF's own Q4_1/Q8_0 blocks (weight_format gguf, what auto runs on an AVX2 CPU)."""
-    from batchinfer.engine.loader import load_model_light
+    from batchinfer.engine.loading.loader import load_model_light
     from batchinfer.engine.quant.kernel import supported
 
     if not supported():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from batchinfer.engine import GenerationRequest, LLMEngine, SamplingParams
-from batchinfer.engine.sampler import Sampler
+from batchinfer.engine.sampling.sampler import Sampler
 
 TOP = 5
 

@@ -84,27 +84,27 @@ def mixed_batch(eng: LLMEngine, reqs: list[GenerationRequest], extra: list[Gener
     return outputs(eng.generate(batch))
 
 
-def arrangements(loaded, dtype: str, device: str = "cpu", activations: str = "float32") -> dict[str, dict]:
+def arrangements(loaded, dtype: str, device: str = "cpu") -> dict[str, dict]:
     """Every in-process arrangement; "alone" (each request by itself, nothing cached) is the reference."""
     tok = loaded.tokenizer
     reqs, extra = requests(tok), fillers(tok)
-    cold = engine(loaded, dtype, device=device, activations=activations)
+    cold = engine(loaded, dtype, device=device)
     found = {"alone": alone(cold, reqs), "batch of 64": mixed_batch(cold, reqs, extra),
              "reverse order": mixed_batch(cold, reqs[::-1], extra[::-1])}
-    warm = engine(loaded, dtype, prefix_caching=True, device=device, activations=activations)
+    warm = engine(loaded, dtype, prefix_caching=True, device=device)
     found["prefix cache cold"] = mixed_batch(warm, reqs, extra)
     found["prefix cache warm"] = mixed_batch(warm, reqs[::-1], extra)
     # Blocks of 4 tokens, so decodes keep needing new ones (with 16 and 3 tokens out none of these prompts
     # crosses a block), and 24 of them: about one long prompt's worth.
     small = engine(loaded, dtype, prefix_caching=True, kv_bytes=_kv_bytes_for_blocks(loaded, dtype, 24, 4), block_size=4,
-                   device=device, activations=activations)
+                   device=device)
     found["preempted (small KV budget)"] = mixed_batch(small, reqs, extra)
     found["preemptions"] = {"count": small.num_preemptions}
     return found
 
 
 def _kv_bytes_for_blocks(loaded, dtype: str, blocks: int, block_size: int) -> int:
-    from batchinfer.engine.model_runner import kv_bytes_per_block
+    from batchinfer.engine.runner.model_runner import kv_bytes_per_block
     return blocks * kv_bytes_per_block(loaded.hf_model.config, EngineConfig(dtype=dtype, block_size=block_size))
 
 
@@ -124,7 +124,7 @@ def load(weight_format: str = "dense"):
     """The model an arrangement runs: transformers' load (dense), or the light load with the GGUF's blocks."""
     import torch
 
-    from batchinfer.engine.loader import load_model, load_model_light
+    from batchinfer.engine.loading.loader import load_model, load_model_light
     from tests.engine.conftest import model_cache_dir
     if weight_format == "dense":
         return load_model(None, model_cache_dir())

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from batchinfer.engine.dtype import cpu_has_native_bf16
+from batchinfer.engine.machine.dtype import cpu_has_native_bf16
 from batchinfer.engine.quant.kernel import supported as cpu_supported
 from tests.engine import invariance_cases
 

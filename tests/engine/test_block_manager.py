@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from batchinfer.engine.block_manager import BlockManager
-from batchinfer.engine.sequence import Sequence
+from batchinfer.engine.kvcache.block_manager import BlockManager
+from batchinfer.engine.scheduler.sequence import Sequence
 from batchinfer.engine.types import SamplingParams
 
 pytestmark = pytest.mark.fast

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from batchinfer.engine.light_loader import LightTokenizer, weight_files
-from batchinfer.engine.loader import load_model, load_model_light
+from batchinfer.engine.loading.light_loader import LightTokenizer, weight_files
+from batchinfer.engine.loading.loader import load_model, load_model_light
 from batchinfer.engine.unsupported import UnsupportedModelError
-from batchinfer.engine.weights import engine_weights
+from batchinfer.engine.loading.weights import engine_weights
 from tests.engine.test_model_families import family_prompts, hf_reference, run_engine
 from tests.engine.tiny_families import build_family_checkpoint
 

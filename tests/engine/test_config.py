@@ -22,7 +22,7 @@ def test_byte_budget_wins_over_fraction():
 
 
 def test_dtype_auto_resolves_to_float32_on_cpu_and_says_why():
-    from batchinfer.engine.dtype import cpu_has_native_bf16
+    from batchinfer.engine.machine.dtype import cpu_has_native_bf16
 
     auto = EngineConfig(dtype="auto")
     assert auto.dtype == "float32"  # bf16 changes greedy answers, even where it is native

@@ -11,7 +11,7 @@ import torch
 from batchinfer.engine.attention import make_attention_backend
 from batchinfer.engine.attention.cpu_backend import CpuAttentionBackend
 from batchinfer.engine.attention.torch_backend import TorchAttentionBackend
-from batchinfer.engine.native_build import cpu_supported
+from batchinfer.engine.machine.native_build import cpu_supported
 from benchmarks.support.kernel_reference import extend_attention_ref, store_kv_ref
 from benchmarks.support.paged_batch import PagedBatch
 

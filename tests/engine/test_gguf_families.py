@@ -19,8 +19,8 @@ from batchinfer.engine.gguf.config import hf_config
 from batchinfer.engine.gguf.reader import GGUFFile
 from batchinfer.engine.gguf.tokenizer import write_tokenizer
 from batchinfer.engine.layers.rope import inverse_frequencies
-from batchinfer.engine.light_loader import LightTokenizer
-from batchinfer.engine.loader import load_model
+from batchinfer.engine.loading.light_loader import LightTokenizer
+from batchinfer.engine.loading.loader import load_model
 from batchinfer.engine.models import model_spec
 from batchinfer.engine.quant.kernel import supported
 from batchinfer.engine.unsupported import UnsupportedGGUF

@@ -14,8 +14,8 @@ from batchinfer.engine import EngineConfig, LLMEngine
 from batchinfer.engine.gguf.config import hf_config
 from batchinfer.engine.gguf.load import gguf_choice, load_gguf
 from batchinfer.engine.gguf.reader import GGUFFile
-from batchinfer.engine.light_loader import LightTokenizer
-from batchinfer.engine.loader import default_model_path
+from batchinfer.engine.loading.light_loader import LightTokenizer
+from batchinfer.engine.loading.loader import default_model_path
 from batchinfer.engine.quant.kernel import TYPES
 from batchinfer.engine.unsupported import UnsupportedGGUF
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from batchinfer.engine.light_loader import LightTokenizer, light_model
+from batchinfer.engine.loading.light_loader import LightTokenizer, light_model
 
 EXTRA = [[{"role": "user", "content": "Spaces  and\ttabs\n\nnew lines, é, 日本語, emoji 🙂, <|im_end|> inside text"}],
          [{"role": "system", "content": "  leading space"}, {"role": "user", "content": ""}]]
@@ -37,7 +37,7 @@ def test_light_model_holds_the_same_weights_as_transformers(loaded_model):
 
 
 def test_a_conversion_finished_second_keeps_the_first_copy_and_leaves_no_temporary_folder(tmp_path):
-    from batchinfer.engine.loader import publish_dir
+    from batchinfer.engine.loading.loader import publish_dir
 
     target, late = tmp_path / "model", tmp_path / ".model.late"
     for folder, text in ((target, "first"), (late, "second")):

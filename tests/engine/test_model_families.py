@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from batchinfer.engine.loader import load_model
+from batchinfer.engine.loading.loader import load_model
 from tests.engine.tiny_families import FAMILIES, WINDOW, build_family_checkpoint
 
 MAX_NEW_TOKENS = 8

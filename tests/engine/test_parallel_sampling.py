@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from batchinfer.engine.parallel_sampling import sample_seed
+from batchinfer.engine.scheduler.parallel_sampling import sample_seed
 
 SEED = 1234
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from batchinfer.engine.pooling_config import model_pooling, resolve_pooling
+from batchinfer.engine.runner.pooling_config import model_pooling, resolve_pooling
 
 pytestmark = pytest.mark.fast
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from batchinfer.engine import invariance, probe_cache
+from batchinfer.engine.runner import invariance, probe_cache
 
 
 def _weights(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:

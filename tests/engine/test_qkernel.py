@@ -88,13 +88,14 @@ def test_every_path_and_row_count_gives_the_same_bits(kernel, qtype):
     n, k = 40, 512
     raw = random_blocks(qtype, n, k, seed=3)
     weight = packed(kernel, qtype, raw, n, k)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(4))
+    rows = 300  # past one AMX call's 256 rows
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4))
     acts = quantize(kernel, qtype, x)
     outs = {}
     for path in paths(kernel):
-        y = torch.full((37, n + 3), float("nan"))  # rows 3 wider than n: ldy != n, and nothing past n written
+        y = torch.full((rows, n + 3), float("nan"))  # rows 3 wider than n: ldy != n, and nothing past n written
         kernel.lib.gemm(TYPES[qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(), acts.bsum.data_ptr(),
-                        37, k, weight.data.ctypes.data, n, y.data_ptr(), n + 3, path, 2)
+                        rows, k, weight.data.ctypes.data, n, y.data_ptr(), n + 3, path, 2)
         assert torch.isnan(y[:, n:]).all()
         outs[path] = y[:, :n]
     for path, y in outs.items():
@@ -102,6 +103,7 @@ def test_every_path_and_row_count_gives_the_same_bits(kernel, qtype):
     for rows in (1, 2, 5, 16, 17):  # a row's result whatever rows share its call (and whichever path runs them)
         assert torch.equal(weight(x[:rows]), outs[kernel.path][:rows])
     assert torch.equal(weight(x[20:23]), outs[kernel.path][20:23])
+    assert torch.equal(weight(x[250:290]), outs[kernel.path][250:290])
 
 
 @pytest.mark.parametrize("qtype", list(TYPES))

@@ -147,7 +147,7 @@ def test_generate_stops_aborted_requests_and_the_rest_run_on(engine):
 def test_greedy_takes_the_first_of_equal_maxima_as_argmax_does():
     import torch
 
-    from batchinfer.engine.sampler import Sampler
+    from batchinfer.engine.sampling.sampler import Sampler
 
     logits = torch.zeros(3, 49152)
     logits[0, [700, 300]] = 2.0  # a tie: the lower id wins, as torch.argmax and transformers' greedy pick

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from batchinfer.engine.block_manager import BlockManager
+from batchinfer.engine.kvcache.block_manager import BlockManager
 from batchinfer.engine.config import EngineConfig
-from batchinfer.engine.scheduler import Scheduler
-from batchinfer.engine.sequence import Sequence, SequenceStatus
+from batchinfer.engine.scheduler.scheduler import Scheduler
+from batchinfer.engine.scheduler.sequence import Sequence, SequenceStatus
 from batchinfer.engine.types import SamplingParams
 
 pytestmark = pytest.mark.fast
@@ -141,7 +141,7 @@ def test_preempted_sequence_restarts_from_scratch_and_keeps_its_tokens():
 
 
 def test_a_prompt_of_n_samples_takes_n_seats_but_never_waits_forever():
-    from batchinfer.engine.parallel_sampling import PromptSequence
+    from batchinfer.engine.scheduler.parallel_sampling import PromptSequence
 
     bm = BlockManager(64, 4)
     sched = Scheduler(EngineConfig(max_num_seqs=4, max_num_batched_tokens=100), bm)

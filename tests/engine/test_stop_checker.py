@@ -1,8 +1,8 @@
 """Incremental detokenization equals a whole decode; a text cut by max_tokens ends in no partial character."""
 from __future__ import annotations
 
-from batchinfer.engine.sequence import Sequence
-from batchinfer.engine.stop_checker import REPLACEMENT_CHAR, StopChecker
+from batchinfer.engine.scheduler.sequence import Sequence
+from batchinfer.engine.sampling.stop_checker import REPLACEMENT_CHAR, StopChecker
 from batchinfer.engine.types import SamplingParams
 
 TEXT = "Prix: 12 € — café, naïve 日本語のテキスト 🙂🚀 done."

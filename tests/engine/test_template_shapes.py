@@ -3,7 +3,7 @@ template that looks at a content (a filter, a test, a condition) is always rende
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from batchinfer.engine.template_shapes import ShapeRenderer, contents_only_printed
+from batchinfer.engine.loading.template_shapes import ShapeRenderer, contents_only_printed
 
 pytestmark = pytest.mark.fast
 

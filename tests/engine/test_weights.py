@@ -1,4 +1,4 @@
-"""The engine-layout weight cache (engine/weights.py): built once per dtype, then mapped, never copied."""
+"""The engine-layout weight cache (engine/loading/weights.py): built once per dtype, then mapped, never copied."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,14 +6,14 @@ from pathlib import Path
 import torch
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
-from batchinfer.engine.loader import load_model_light
-from batchinfer.engine.weights import cache_path, engine_weights
+from batchinfer.engine.loading.loader import load_model_light
+from batchinfer.engine.loading.weights import cache_path, engine_weights
 
 
 def test_cached_weights_equal_the_conversion_and_the_engine_uses_them_without_a_copy(loaded_model, model_cache):
     folder = Path(loaded_model.path)
     want = engine_weights(loaded_model.hf_model, torch.bfloat16)
-    first = load_model_light(None, model_cache, torch.bfloat16)  # the real cache, as `batchinfer run` uses it
+    first = load_model_light(None, model_cache, torch.bfloat16, "dense")  # the real cache, as a dense worker uses it
     assert cache_path(folder, model_cache, torch.bfloat16).is_file()
     assert first.weights.keys() == want.keys()
     assert all(torch.equal(first.weights[k], want[k]) for k in want)

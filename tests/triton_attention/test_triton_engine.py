@@ -11,7 +11,7 @@ import pytest
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from batchinfer.engine.attention import make_attention_backend
 from batchinfer.engine.attention.triton_backend import TritonAttentionBackend
-from batchinfer.engine.loader import load_model
+from batchinfer.engine.loading.loader import load_model
 
 NUM_LAYERS = 4
 

@@ -3,7 +3,7 @@ tokens: Mistral (every layer slides) and Gemma 2 (sliding and global layers, cap
 import pytest
 
 from batchinfer.engine import EngineConfig, LLMEngine
-from batchinfer.engine.loader import load_model
+from batchinfer.engine.loading.loader import load_model
 from tests.engine.test_model_families import family_prompts, hf_reference, run_engine
 from tests.engine.tiny_families import build_family_checkpoint
 from tests.triton_attention.conftest import DEVICE

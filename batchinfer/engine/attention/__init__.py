@@ -16,12 +16,12 @@ def make_attention_backend(name: str, device: str, cache_dir: str | None = None,
     if name == "auto":
         name = _auto(device, dtype, cache_dir)
     if name == "triton":
-        from .triton_backend import TritonAttentionBackend
+        from .triton_backend import TritonAttentionBackend  # lazy: the backend asked for (triton only on a GPU)
         return TritonAttentionBackend()
     if name == "cpu":
-        from .cpu_backend import CpuAttentionBackend
+        from .cpu_backend import CpuAttentionBackend  # lazy: the backend asked for (triton only on a GPU)
         return CpuAttentionBackend(cache_dir or _user_cache())
-    from .torch_backend import TorchAttentionBackend
+    from .torch_backend import TorchAttentionBackend  # lazy: the backend asked for (triton only on a GPU)
     return TorchAttentionBackend()
 
 
@@ -30,8 +30,8 @@ def _auto(device: str, dtype: torch.dtype, cache_dir: str | None) -> str:
         return "triton" if _triton_available() else "torch"
     if dtype != torch.float32:
         return "torch"
-    from ..native_build import NativeKernelUnavailable
-    from .cpu_backend import load_attention_kernel
+    from ..machine.native_build import NativeKernelUnavailable  # lazy: only for the CPU backend
+    from .cpu_backend import load_attention_kernel  # lazy: the backend asked for (triton only on a GPU)
     try:
         load_attention_kernel(cache_dir or _user_cache())
     except NativeKernelUnavailable:

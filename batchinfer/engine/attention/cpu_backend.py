@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..native_build import build_library
+from ..machine.native_build import build_library
 from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..file_key import file_key
+from ..loading.file_key import file_key
 from .config import hf_config
 from .reader import GGUFFile
 from .tokenizer import write_tokenizer

@@ -55,7 +55,7 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
     """("gguf" or "dense", why) for weight_format "auto" or "gguf". A file the kernel cannot read (an unknown
     architecture or block type) raises UnsupportedGGUF, one line naming the tensor; so does "gguf" on a CPU
     without the kernel's instructions."""
-    from ..quant.kernel import CPU_FLAGS, supported
+    from ..quant.kernel import CPU_FLAGS, supported  # lazy: only when a GGUF is chosen
 
     if not supported():
         if weight_format == "gguf":

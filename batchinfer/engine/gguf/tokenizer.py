@@ -14,7 +14,7 @@ from .reader import GGUFFile
 
 
 def write_tokenizer(g: GGUFFile, folder: Path) -> None:
-    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer  # lazy: transformers, once
 
     architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(g.path))
     tokenizer, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
@@ -25,7 +25,7 @@ def write_tokenizer(g: GGUFFile, folder: Path) -> None:
 
 def _special_tokens_around(tokenizer, config: dict) -> None:
     """BOS before (and EOS after) each sequence where the config adds them, as transformers' LlamaTokenizer does."""
-    from tokenizers import processors
+    from tokenizers import processors  # lazy: tokenizers, when a tokenizer loads
 
     bos = config.get("bos_token") if config.get("add_bos_token") else None
     eos = config.get("eos_token") if config.get("add_eos_token") else None

@@ -17,7 +17,7 @@ from .decoder import DecoderForCausalLM, Projection
 from .spec import ModelSpec
 
 if TYPE_CHECKING:
-    from ..loader import CausalLM
+    from ..loading.checkpoint import CausalLM
 
 FAMILIES: dict[str, ModuleType] = {
     "LlamaForCausalLM": llama, "MistralForCausalLM": mistral, "Qwen2ForCausalLM": qwen2,
@@ -57,15 +57,11 @@ def norm_offset(cfg) -> float:
 
 
 def build_model(hf_model: CausalLM, attention: AttentionBackend, device: torch.device, dtype: torch.dtype,
-                max_model_len: int, weights: dict[str, torch.Tensor] | None = None,
+                max_model_len: int, weights: dict[str, torch.Tensor],
                 quant: dict[str, Projection] | None = None) -> DecoderForCausalLM:
-    """The engine model of a checkpoint: from engine-layout tensors when given, else converted here."""
-    from ..weights import engine_weights
-
-    spec = model_spec(hf_model.config)
-    if weights is None:
-        weights = engine_weights(hf_model, dtype)
-    return DecoderForCausalLM(spec, weights, attention, device, dtype, max_model_len, hf_model.config, quant)
+    """The engine model of a checkpoint from its engine-layout tensors (loading/weights.py)."""
+    return DecoderForCausalLM(model_spec(hf_model.config), weights, attention, device, dtype, max_model_len,
+                              hf_model.config, quant)
 
 
 __all__ = ["FAMILIES", "DecoderForCausalLM", "ModelSpec", "build_model", "model_spec", "norm_offset"]

@@ -1,7 +1,7 @@
 """The decoder forward pass every family shares, over one flat ragged batch: embeddings, then per layer
 RMSNorm, fused QKV (bias, q/k norms), RoPE, paged attention (window, soft-cap), gated MLP or experts.
 
-Weights come in the engine layout (engine/weights.py): mapped from its cache file, or converted from the
+Weights come in the engine layout (engine/loading/weights.py): mapped from its cache file, or converted from the
 model here. Logits are computed only at the positions sampled. A ModelSpec (spec.py) says what differs.
 """
 from __future__ import annotations

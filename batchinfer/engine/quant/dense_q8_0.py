@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..file_key import file_key
+from ..loading.file_key import file_key
 from ..unsupported import UnsupportedWeightFormat
 from .kernel import load_kernel
 from .packed import StackedWeight

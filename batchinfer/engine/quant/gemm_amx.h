@@ -85,8 +85,32 @@ INL void decode_scaled(const int t, const uint8_t *rec, uint8_t *lo, uint8_t *hi
     }
 }
 
-// One super-block of 32 rows from m0 (four K steps of 64) into tiles 0-3.
-INL void tdp_superblock2(const act_t *A, int64_t m0, int64_t s, const uint8_t *lo, const uint8_t *hi) {
+// The scaling of one step's rows (its tiles stored in los/his), done a few rows at a time between the next
+// step's tile instructions: the tiles compute while these run, and the core never waits with a full window.
+typedef struct {
+    const uint8_t *rec;
+    int64_t m0, s;
+    int r, rows;
+    __m512i pairs[8];
+} epilogue_t;
+
+INL void scale_rows(const int t, epilogue_t *e, int count, int32_t (*los)[16], int32_t (*his)[16], const act_t *A,
+                    float *acc) {
+    const int end = e->r + count < e->rows ? e->r + count : e->rows;
+    for (; e->r < end; e->r++) {
+        const int r = e->r;
+        const __m512i isb = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(his[r]), 8), _mm512_load_si512(los[r]));
+        const __m512i osb = QT[t].mins ? offset_sum(t, e->pairs, A, e->m0 + r, e->s) : _mm512_setzero_si512();
+        float *a = acc + (e->m0 + r) * PANEL;
+        _mm512_store_ps(a, superblock_step(t, isb, osb, 1, e->rec, A, e->m0 + r, e->s, _mm512_load_ps(a)));
+    }
+}
+
+// One super-block of 32 rows from m0 (four K steps of 64) into tiles 0-3, two of the previous step's rows scaled
+// after each tile instruction.
+#define SCALE2 scale_rows(t, e, 2, los, his, A, acc)
+INL void tdp_superblock2(const int t, const act_t *A, int64_t m0, int64_t s, const uint8_t *lo, const uint8_t *hi,
+                         epilogue_t *e, int32_t (*los)[16], int32_t (*his)[16], float *acc) {
     const int8_t *x = A->q + m0 * A->K + s * QK;
     _tile_zero(0);
     _tile_zero(1);
@@ -98,14 +122,19 @@ INL void tdp_superblock2(const act_t *A, int64_t m0, int64_t s, const uint8_t *l
         _tile_loadd(6, lo + 16 * i * 64, 64);
         _tile_loadd(7, hi + 16 * i * 64, 64);
         _tile_dpbsud(0, 4, 6);
+        SCALE2;
         _tile_dpbsud(1, 5, 6);
+        SCALE2;
         _tile_dpbssd(2, 4, 7);
+        SCALE2;
         _tile_dpbssd(3, 5, 7);
+        SCALE2;
     }
 }
 
 // One super-block of 16 rows from m0 into tiles 0 (lo) and 2 (hi), the inputs by turns.
-INL void tdp_superblock1(const act_t *A, int64_t m0, int64_t s, const uint8_t *lo, const uint8_t *hi) {
+INL void tdp_superblock1(const int t, const act_t *A, int64_t m0, int64_t s, const uint8_t *lo, const uint8_t *hi,
+                         epilogue_t *e, int32_t (*los)[16], int32_t (*his)[16], float *acc) {
     const int8_t *x = A->q + m0 * A->K + s * QK;
     _tile_zero(0);
     _tile_zero(2);
@@ -114,19 +143,19 @@ INL void tdp_superblock1(const act_t *A, int64_t m0, int64_t s, const uint8_t *l
         _tile_loadd(6, lo + 16 * i * 64, 64);
         _tile_loadd(7, hi + 16 * i * 64, 64);
         _tile_dpbsud(0, 4, 6);
+        SCALE2;
         _tile_dpbssd(2, 4, 7);
+        SCALE2;
         _tile_loadd(5, x + 64 * (i + 1), A->K);
         _tile_loadd(1, lo + 16 * (i + 1) * 64, 64);
         _tile_loadd(3, hi + 16 * (i + 1) * 64, 64);
         _tile_dpbsud(0, 5, 1);
+        SCALE2;
         _tile_dpbssd(2, 5, 3);
+        SCALE2;
     }
 }
-
-INL void tdp_superblock(const act_t *A, int64_t m0, int64_t s, const uint8_t *lo, const uint8_t *hi, int pair) {
-    if (pair) tdp_superblock2(A, m0, s, lo, hi);
-    else tdp_superblock1(A, m0, s, lo, hi);
-}
+#undef SCALE2
 
 INL void store_superblock(int32_t (*los)[16], int32_t (*his)[16], int pair) {
     _tile_stored(0, los, 64);
@@ -142,33 +171,28 @@ INL void store_superblock(int32_t (*los)[16], int32_t (*his)[16], int pair) {
 // computes (two decode buffers). acc: [rows padded to 32][16] floats, the rows' sums so far.
 INL void kquant_panel(const int t, const act_t *A, int64_t M, const uint8_t *panel, uint8_t *planes, float *acc,
                       float *y, int64_t ldy, int ncols) {
-    const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     const int64_t nsb = A->K / QK, tiles = (M + 31) / 32, steps = nsb * tiles;
     const int pair = M > 16;  // 32 rows a step (the activations are padded to 32)
     int32_t los[32][16] __attribute__((aligned(64))), his[32][16] __attribute__((aligned(64)));
     uint8_t *lo[2] = {planes, planes + 8192}, *hi[2] = {planes + 4096, planes + 12288};
+    epilogue_t e = {panel, 0, 0, 0, 0, {0}};  // nothing to scale before the first step
     memset(acc, 0, (size_t)(tiles * 32 * PANEL) * sizeof(float));
     decode_scaled(t, panel, lo[0], hi[0]);
-    tdp_superblock(A, 0, 0, lo[0], hi[0], pair);
-    for (int64_t i = 0; i < steps; i++) {
-        const int64_t s = i / tiles, m0 = (i % tiles) * 32, next = i + 1;
-        const int rows = (int)(M - m0 < 32 ? M - m0 : 32);
-        if (next < steps && next % tiles == 0)  // the next super-block, decoded beside this step's tiles
-            decode_scaled(t, panel + (s + 1) * L.record_bytes, lo[(s + 1) & 1], hi[(s + 1) & 1]);
-        store_superblock(los, his, pair);
-        if (next < steps) {
-            const int64_t ns = next / tiles;
-            tdp_superblock(A, (next % tiles) * 32, ns, lo[ns & 1], hi[ns & 1], pair);
-        }
-        const uint8_t *rec = panel + s * L.record_bytes;
-        __m512i pairs[8];
-        if (q.mins) group_pairs(t, rec, pairs);
-        for (int r = 0; r < rows; r++) {
-            const __m512i isb = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(his[r]), 8), _mm512_load_si512(los[r]));
-            const __m512i osb = q.mins ? offset_sum(t, pairs, A, m0 + r, s) : _mm512_setzero_si512();
-            float *a = acc + (m0 + r) * PANEL;
-            _mm512_store_ps(a, superblock_step(t, isb, osb, 1, rec, A, m0 + r, s, _mm512_load_ps(a)));
+    for (int64_t i = 0; i <= steps; i++) {  // step i's tiles, with step i - 1's rows scaled between them
+        if (i > 0) store_superblock(los, his, pair);
+        if (i < steps) {
+            const int64_t s = i / tiles, m0 = (i % tiles) * 32;
+            if (pair) tdp_superblock2(t, A, m0, s, lo[s & 1], hi[s & 1], &e, los, his, acc);
+            else tdp_superblock1(t, A, m0, s, lo[s & 1], hi[s & 1], &e, los, his, acc);
+            scale_rows(t, &e, 32, los, his, A, acc);  // rows left when they outnumber two per instruction
+            e.rec = panel + s * L.record_bytes, e.m0 = m0, e.s = s, e.r = 0;
+            e.rows = (int)(M - m0 < 32 ? M - m0 : 32);
+            if (QT[t].mins) group_pairs(t, e.rec, e.pairs);
+            if ((i + 1) % tiles == 0 && s + 1 < nsb)  // the next super-block, decoded while these tiles compute
+                decode_scaled(t, panel + (s + 1) * L.record_bytes, lo[(s + 1) & 1], hi[(s + 1) & 1]);
+        } else {
+            scale_rows(t, &e, 32, los, his, A, acc);
         }
     }
     for (int64_t m = 0; m < M; m++) store_row(y + m * ldy, _mm512_load_ps(acc + m * PANEL), ncols);

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..cpuinfo import cpu_flags
-from ..native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
+from ..machine.cpuinfo import cpu_flags
+from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it

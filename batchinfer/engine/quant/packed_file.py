@@ -93,7 +93,7 @@ def build(sources: list[Source], kernel: Kernel, path: Path) -> None:
 
 def quantize_q8_0(weight: np.ndarray) -> np.ndarray:
     """ggml's reference Q8_0 of a float32 [n, k] matrix, as rows of GGUF blocks."""
-    from gguf import GGMLQuantizationType, quants
+    from gguf import GGMLQuantizationType, quants  # lazy: gguf's numpy quantizer, while a cache file is built
 
     return quants.quantize(np.ascontiguousarray(weight, dtype=np.float32), GGMLQuantizationType.Q8_0)
 

@@ -27,12 +27,28 @@ void quantize_acts(int t, const float *x, int64_t M, int64_t K, int64_t rows_pad
     quantize_rows(t, x, M, K, rows_padded, q, d, s, bsum, threads);
 }
 
+// AMX rows a call: every panel reads all of its rows' activations, so a call's rows are kept within L2 (256 rows
+// of K = 8192 is 2 MiB); each chunk decodes the panels again, a small cost against 256 rows of tiles.
+#define AMX_CHUNK_ROWS 256
+
+// The activations of rows m0.. of A (the same arrays, offset).
+static act_t rows_from(const int t, const act_t *A, int64_t m0) {
+    const int64_t K = A->K, nd = K / QT[t].sb, nb = K / (QT[t].kquant ? 16 : 32);
+    act_t sub = {A->q + m0 * K, A->d + m0 * nd, A->s + (QT[t].kquant ? 0 : m0 * (K / 32)), A->bsum + m0 * nb, K,
+                 A->pairs ? A->pairs + m0 * (K / QK) * 8 : NULL};
+    return sub;
+}
+
 void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32_t *xbs, int64_t M, int64_t K,
           const uint8_t *w, int64_t N, float *y, int64_t ldy, int path, int threads) {
     uint32_t *pairs = QT[t].kquant ? malloc((size_t)(M * (K / QK) * 8) * sizeof(uint32_t)) : NULL;
     const act_t A = {xq, xd, xs, xbs, K, pairs};
     if (pairs) make_pairs(t, &A, M, pairs);
-    if (path == 3) GEMM_AMX[t](&A, M, w, N, y, ldy, threads);
+    if (path == 3)
+        for (int64_t m0 = 0; m0 < M; m0 += AMX_CHUNK_ROWS) {
+            const act_t sub = rows_from(t, &A, m0);
+            GEMM_AMX[t](&sub, M - m0 < AMX_CHUNK_ROWS ? M - m0 : AMX_CHUNK_ROWS, w, N, y + m0 * ldy, ldy, threads);
+        }
     else if (path == 2) GEMM_VNNI[t](&A, M, w, N, y, ldy, threads);
     else if (path == 1) GEMM_AVX2[t](&A, M, w, N, y, ldy, threads);
     else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);

@@ -89,7 +89,7 @@ class ResponsesBody(BaseModel):
         return (self.text_config or {}).get("format") or {"type": "text"}
 
     def constraint(self) -> tuple[str, str] | None:
-        """The grammar `text.format` holds the output to (engine/grammar.py's (kind, spec)), or None."""
+        """The grammar `text.format` holds the output to (engine/sampling/grammar.py's (kind, spec)), or None."""
         fmt = self.text_format()
         if fmt["type"] == "json_schema":
             return "json_schema", json.dumps(fmt["schema"], sort_keys=True)

@@ -88,7 +88,7 @@ class Sampling(BaseModel):
                               ignore_eos=bool(self.ignore_eos), guided=self.constraint(), n=self.n)
 
     def constraint(self) -> tuple[str, str] | None:
-        """The grammar the output is held to (engine/grammar.py's (kind, spec)), or None."""
+        """The grammar the output is held to (engine/sampling/grammar.py's (kind, spec)), or None."""
         fmt = self.response_format or {}
         if fmt.get("type") == "json_schema":
             return "json_schema", json.dumps(fmt["json_schema"]["schema"], sort_keys=True)  # one cache entry per schema

@@ -356,7 +356,7 @@ def _check_constraint(body: Sampling | ResponsesBody | Params, custom_id: str) -
     constraint = body.constraint()
     if constraint is None:
         return
-    from batchinfer.engine.grammar import check_constraint  # the grammar library loads only for lines that need it
+    from batchinfer.engine.sampling.grammar import check_constraint  # the grammar library loads only for lines that need it
 
     reason = check_constraint(*constraint)
     if reason is not None:

@@ -5,7 +5,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from batchinfer.engine.loader import Tokenizer, model_files_dir
+from batchinfer.engine.loading.loader import Tokenizer, model_files_dir
 from batchinfer.engine.types import context_length
 from batchinfer.settings import Settings
 
@@ -34,11 +34,11 @@ class _LazyTokenizer:
     def _load(self):
         if self._tokenizer is None:
             if (self._folder / "tokenizer.json").exists():
-                from batchinfer.engine.light_loader import light_tokenizer  # lazy: tokenizers and jinja2, loaded on a file's first line
+                from batchinfer.engine.loading.light_loader import light_tokenizer  # lazy: tokenizers and jinja2, loaded on a file's first line
 
                 self._tokenizer = light_tokenizer(self._folder)
             else:
-                from batchinfer.engine.loader import transformers_tokenizer  # lazy: transformers, for a model without a tokenizer.json
+                from batchinfer.engine.loading.loader import transformers_tokenizer  # lazy: transformers, for a model without a tokenizer.json
 
                 self._tokenizer = transformers_tokenizer(self._folder)
         return self._tokenizer

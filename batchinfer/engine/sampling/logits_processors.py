@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .sequence import Sequence
+from ..scheduler.sequence import Sequence
 
 
 def apply_logits_processors(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int]) -> torch.Tensor:

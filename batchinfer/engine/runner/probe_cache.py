@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .cpuinfo import cpu_info
+from ..machine.cpuinfo import cpu_info
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 DISPATCH_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
                 "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 # The probe and the code whose results it checks: editing any of them invalidates every cached answer.
-PROBED_SOURCES = ("invariance.py", "layers/linear.py", "attention/chunked.py", "probe_cache.py")
+PROBED_SOURCES = ("runner/invariance.py", "layers/linear.py", "attention/chunked.py", "runner/probe_cache.py")
 
 
 def probe_key(shapes: list[tuple], head_dim: int, group: int) -> dict:
@@ -85,7 +85,7 @@ def _cache_sizes() -> list[str]:
 
 
 def _sources_digest() -> str:
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent  # the engine package
     digest = hashlib.sha256()
     for name in PROBED_SOURCES:
         digest.update((here / name).read_bytes())

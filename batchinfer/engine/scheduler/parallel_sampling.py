@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import replace
 
 from .sequence import Sequence
-from .types import GenerationRequest, GenerationResult
+from ..types import GenerationRequest, GenerationResult
 
 
 def sample_seed(seed: int | None, index: int) -> int | None:

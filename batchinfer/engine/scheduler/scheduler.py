@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .block_manager import BlockManager
-from .config import EngineConfig
+from ..kvcache.block_manager import BlockManager
+from ..config import EngineConfig
 from .sequence import Sequence, SequenceStatus
 
 

@@ -14,17 +14,18 @@ from typing import Any
 
 import torch
 
-from .attention.base import AttentionBackend, AttentionMetadata
-from .config import EngineConfig
-from .grammar import GrammarRunner
+from ..attention.base import AttentionBackend, AttentionMetadata
+from ..config import EngineConfig
+from ..sampling.grammar import GrammarRunner
 from .invariance import probe_row_pad
-from .loader import CausalLM
-from .logits_processors import apply_logits_processors
-from .logprobs import sampled_logprobs
-from .models import Projection, build_model
+from ..loading.checkpoint import CausalLM
+from ..sampling.logits_processors import apply_logits_processors
+from ..sampling.logprobs import sampled_logprobs
+from ..loading.weights import engine_weights
+from ..models import Projection, build_model
 from .pooler import Pooler
-from .sampler import Sampler
-from .sequence import Sequence
+from ..sampling.sampler import Sampler
+from ..scheduler.sequence import Sequence
 
 
 @dataclass
@@ -58,6 +59,8 @@ class ModelRunner:
         self.grammar = grammar  # constrained decoding, for the requests that ask
         self.device = torch.device(config.device)
         self.block_size = config.block_size
+        if weights is None:  # transformers' own load: its modules converted to the engine layout here
+            weights = engine_weights(hf_model, config.torch_dtype)
         self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant)
         self._set_row_pad(attention)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)

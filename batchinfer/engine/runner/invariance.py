@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from . import probe_cache
-from .attention.chunked import CHUNK, attend_chunks
-from .layers.linear import RowPlan, linear, pad_rows
+from ..attention.chunked import CHUNK, attend_chunks
+from ..layers.linear import RowPlan, linear, pad_rows
 
 log = logging.getLogger(__name__)
 

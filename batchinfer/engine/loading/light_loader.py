@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from batchinfer.engine.template_shapes import ShapeRenderer, contents_only_printed
+from batchinfer.engine.loading.template_shapes import ShapeRenderer, contents_only_printed
 
 
 @lru_cache(maxsize=4)
@@ -22,7 +22,7 @@ def light_tokenizer(folder: Path) -> "LightTokenizer":
 
 class LightTokenizer:
     def __init__(self, folder: Path):
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # lazy: tokenizers, when a tokenizer loads
 
         self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
         config = _read_json(folder / "tokenizer_config.json")
@@ -64,7 +64,7 @@ class LightTokenizer:
         if self._template is None:
             if not self.chat_template:
                 raise ValueError("the tokenizer has no chat template")
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazy: jinja2, when a chat template renders
 
             # The same environment options transformers uses, so the rendering is identical.
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -90,7 +90,7 @@ def weight_files(folder: Path) -> list[Path]:
 
 def light_model(folder: Path):
     """The checkpoint's safetensors as the attribute tree the engine reads (model.layers[i].self_attn.q_proj...)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # lazy: safetensors' torch side
 
     config = model_config(folder)
     weights = {name: t for path in weight_files(folder) for name, t in load_file(str(path)).items()}

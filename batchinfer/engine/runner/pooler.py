@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sequence import Sequence
+from ..scheduler.sequence import Sequence
 
 
 @dataclass

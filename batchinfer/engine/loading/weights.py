@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from .file_key import file_key
-from .models.weight_names import attention_weights, expert_weights, mlp_weights, norm
+from ..models import model_spec, norm_offset
+from ..models.weight_names import attention_weights, expert_weights, mlp_weights, norm
 
 if TYPE_CHECKING:
-    from .loader import CausalLM
+    from .checkpoint import CausalLM
 
 log = logging.getLogger(__name__)
 LAYOUT_VERSION = 1  # bump when the layout changes: old cache files are then ignored
@@ -28,8 +29,6 @@ def engine_weights(hf_model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Te
     """Flat engine names -> contiguous tensors in `dtype`, from a transformers model or the light tree.
     A tied LM head is left out (the engine reuses the embedding). Raises UnsupportedModelError for a
     checkpoint no family runs."""
-    from .models import model_spec, norm_offset
-
     spec, offset = model_spec(hf_model.config), norm_offset(hf_model.config)
 
     def take(t: torch.Tensor) -> torch.Tensor:
@@ -59,7 +58,7 @@ def _layer_weights(layer, i: int, spec, offset: float) -> dict[str, torch.Tensor
 
 def cached_engine_weights(folder: Path, hf_model: CausalLM, cache_dir: str | Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The engine layout mapped from its cache file; built from `hf_model` (and saved) the first time."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # lazy: safetensors' torch side
 
     path = cache_path(folder, cache_dir, dtype)
     if path.exists():
@@ -86,7 +85,7 @@ def cache_path(folder: Path, cache_dir: str | Path, dtype: torch.dtype) -> Path:
 
 def _save(weights: dict[str, torch.Tensor], path: Path) -> None:
     """Write beside the target and rename: a concurrent reader sees the whole file or none."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # lazy: safetensors' torch side
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

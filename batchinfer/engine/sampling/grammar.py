@@ -15,7 +15,7 @@ KINDS = ("json_schema", "json_object", "regex", "choice")
 
 def check_constraint(kind: str, spec: str) -> str | None:
     """Why the grammar library cannot take this constraint (a short reason), or None. No tokenizer needed."""
-    import xgrammar as xgr
+    import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
 
     try:
         if kind == "json_schema":
@@ -47,7 +47,7 @@ class GrammarRunner:
     def add(self, request_id: str, constraint: tuple[str, str] | None) -> None:
         if constraint is None:
             return
-        import xgrammar as xgr
+        import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
 
         self._matchers[request_id] = xgr.GrammarMatcher(self._compile(constraint))
 
@@ -62,7 +62,7 @@ class GrammarRunner:
         rows = self.constrained(request_ids)
         if not rows:
             return logits
-        import xgrammar as xgr
+        import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
 
         bitmask = xgr.allocate_token_bitmask(len(rows), self._vocab_size)
         for j, i in enumerate(rows):
@@ -96,7 +96,7 @@ class GrammarRunner:
 
     def _compiler_once(self) -> Any:
         if self._compiler is None:
-            import xgrammar as xgr
+            import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
 
             specials = set(getattr(self._tokenizer, "all_special_ids", ()) or ())
             # Raw bytes per token (exact for byte-level BPE); special tokens as empty: never text in a grammar.

@@ -1,0 +1,1 @@
+"""What this machine has: its CPU flags, the dtype auto picks, the C kernels built for it."""

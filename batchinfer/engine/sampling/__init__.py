@@ -1,0 +1,1 @@
+"""From logits to tokens: the sampler, logits processors, logprobs, grammars, stop conditions."""

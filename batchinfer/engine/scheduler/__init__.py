@@ -1,0 +1,1 @@
+"""Which sequences run each step: the scheduler, a request's sequence, parallel samples, step statistics."""
