@@ -20,7 +20,13 @@ def one_line(exc: BaseException) -> str:
 
 
 class BatchInferError(Exception):
+    """code and param: what the API answers with (batchinfer.error_codes); None: the handler's default."""
+
     exit_code = 1
+
+    def __init__(self, message: str = "", code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.code, self.param = code, param
 
 
 class JobNotFound(BatchInferError):
@@ -28,6 +34,9 @@ class JobNotFound(BatchInferError):
 
 
 class InvalidRequest(BatchInferError):
+    """A request the service refuses: HTTP 400 with `code` and `param` (batchinfer.error_codes); without a code, the
+    message's `code: ` prefix names it."""
+
     exit_code = 2
 
 

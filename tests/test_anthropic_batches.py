@@ -114,20 +114,37 @@ def test_list_pages_newest_first(api):  # noqa: F811
         wait_ended(c, batch_id)
 
 
-@pytest.mark.parametrize("params, named", [
-    ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "params.tools"),
-    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "params.thinking"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "content.0.type"),
-    ({"temperature": 1.5}, "params.temperature"),
-    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}, "prefill"),
-])
-def test_a_bad_request_is_refused_naming_the_field(api, params, named):  # noqa: F811
+BAD_PARAMS = {  # custom_id: (params, what the error names)
+    "tools": ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "'tools'"),
+    "thinking": ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),
+    "image": ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content"),
+    "hot": ({"temperature": 1.5}, "'temperature'"),
+    "prefill": ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]}, "prefill"),
+}
+
+
+def test_bad_params_end_errored_naming_the_field_while_the_rest_run(api):  # noqa: F811
+    """Anthropic's split: create checks custom_id and that params is an object; the params themselves are checked
+    as the batch is processed, each bad request an `errored` result of its own."""
+    c = client(api, new_key(api))
+    batch = c.messages.batches.create(requests=[request("ok", "Hi!")] + [request(custom_id, "Hi!", **params)
+                                                                         for custom_id, (params, _) in BAD_PARAMS.items()])
+    batch = wait_ended(c, batch.id)
+    assert (batch.request_counts.succeeded, batch.request_counts.errored) == (1, len(BAD_PARAMS))
+    results = {r.custom_id: r.result for r in c.messages.batches.results(batch.id)}
+    assert results.pop("ok").type == "succeeded"
+    for custom_id, result in results.items():
+        assert result.type == "errored" and result.error.error.type == "invalid_request_error", custom_id
+        assert BAD_PARAMS[custom_id][1] in result.error.error.message, (custom_id, result.error.error.message)
+
+
+def test_a_request_without_params_is_refused_at_create_naming_it(api):  # noqa: F811
     c = client(api, new_key(api))
     with pytest.raises(anthropic.BadRequestError) as caught:
-        c.messages.batches.create(requests=[request("ok", "Hi!"), request("bad", "Hi!", **params)])
+        c.messages.batches.create(requests=[request("ok", "Hi!"), {"custom_id": "bad", "params": "Hi!"}])
     body = caught.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert "requests.1." in body["error"]["message"] and named in body["error"]["message"]
+    assert "requests.1.params" in body["error"]["message"]
 
 
 def test_duplicate_custom_ids_are_refused(api):  # noqa: F811

@@ -137,11 +137,11 @@ def test_a_bad_file_fails_with_errors_naming_each_line(api):
                              endpoint="/v1/chat/completions", completion_window="24h")
     final = wait_final(c, batch.id)
     assert final.status == "failed" and final.failed_at
-    assert [(e.line, e.code) for e in final.errors.data] == [(2, "invalid_json_line"), (3, "unsupported_url")]
+    assert [(e.line, e.code) for e in final.errors.data] == [(2, "invalid_json_line"), (3, "invalid_url")]
     assert all(e.message for e in final.errors.data) and final.output_file_id is None
     errors = lines_of(c, final.error_file_id)  # its bad lines are its error file
     assert [(e["custom_id"], e["error"]["line"], e["error"]["code"]) for e in errors] == [
-        (None, 2, "invalid_json_line"), ("x", 3, "unsupported_url")]
+        (None, 2, "invalid_json_line"), ("x", 3, "invalid_url")]
 
 
 def test_pagination_of_files_and_batches(api):
@@ -170,12 +170,17 @@ def test_another_tenants_ids_answer_404_and_lists_never_show_them(api):
     calls = [lambda: bob.files.retrieve(uploaded.id), lambda: bob.files.content(uploaded.id),
              lambda: bob.files.delete(uploaded.id), lambda: bob.files.retrieve(batch.output_file_id),
              lambda: bob.files.content(batch.output_file_id), lambda: bob.batches.retrieve(batch.id),
-             lambda: bob.batches.cancel(batch.id),
-             lambda: bob.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                        completion_window="24h")]
+             lambda: bob.batches.cancel(batch.id)]
     for call in calls:
         with pytest.raises(openai.NotFoundError):
             call()
+    # a batch of someone else's file is OpenAI's unknown file: made, and failed naming file_id, as for an id never used
+    for file_id in (uploaded.id, "file-" + "0" * 32):
+        made = wait_final(bob, bob.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                                  completion_window="24h").id)
+        (error,) = made.errors.data
+        assert (made.status, error.code, error.param) == ("failed", "invalid_request", "file_id")
+        assert error.message == f"Cannot find file '{file_id}', or this API key does not have access to it."
     with pytest.raises(openai.NotFoundError) as not_mine:
         bob.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError) as missing:

@@ -46,7 +46,8 @@ def test_a_responses_batch_gives_response_objects(api):  # noqa: F811
     assert out["text"].metadata == {"k": "v"} and out["text"].instructions == "Be brief."
     assert out["text"].usage.input_tokens == out["items"].usage.input_tokens  # instructions = a system item
     (refused,) = lines_of(c, batch.error_file_id)
-    assert refused["custom_id"] == "tools" and refused["error"]["code"] == "invalid_field"
+    assert refused["custom_id"] == "tools" and refused["error"]["code"] == "unsupported_parameter"
+    assert refused["response"]["status_code"] == 400 and refused["response"]["body"]["error"]["param"] == "tools"
     assert refused["error"]["param"] == "body.tools"
 
 
@@ -77,7 +78,7 @@ def test_an_embeddings_batch_gives_embedding_lists(api, tokenizer, model_cache):
                                            completion_window="24h", extra_body={"skip_invalid": True}).id)
     assert batch.status == "completed" and (batch.request_counts.completed, batch.request_counts.failed) == (7, 1)
     (refused,) = lines_of(c, batch.error_file_id)
-    assert (refused["custom_id"], refused["error"]["code"]) == ("chat", "unsupported_url")
+    assert (refused["custom_id"], refused["error"]["code"]) == ("chat", "invalid_url")
     bodies = {o["custom_id"]: o["response"]["body"] for o in lines_of(c, batch.output_file_id)}
     b64 = bodies.pop("b64")["data"][0]["embedding"]
     out = {k: CreateEmbeddingResponse.model_validate(v) for k, v in bodies.items()}

@@ -30,6 +30,6 @@ def test_output_and_errors_come_out_in_input_order_from_many_units(make_context,
     out, errors = read_output(ctx, job.id), read_output(ctx, job.id, errors=True)
     assert [o["custom_id"] for o in out] == [f"c{i}" for i in range(20) if i not in (4, 13)][:12]
     assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == (
-        [(5, "not_an_object"), (14, "invalid_json_line")]
+        [(5, "invalid_request"), (14, "invalid_json_line")]
         + [(line, "batch_cancelled") for line in range(15, 21)])
     assert job.completed == 12 and job.failed == 2 + 6

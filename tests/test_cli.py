@@ -48,11 +48,11 @@ def test_bad_input_is_reported_by_line_and_code_without_a_traceback(tmp_path, en
         f.write(b'{"custom_id": "\xff"}\n')
     result = batchinfer(env, "run", src, "-o", str(tmp_path / "out.jsonl"))
     assert result.returncode == 2
-    for expected in ["line 2: invalid_json_line", "line 3: not_an_object", "line 4: missing_field (method)",
-                     "line 5: duplicate_custom_id (custom_id)", "line 6: unsupported_url (url)",
-                     "line 7: model_not_found (body.model)", "line 8: context_length_exceeded (body.max_tokens)",
-                     "line 9: invalid_field (body.top_p)", "line 10: invalid_utf8"]:
-        assert expected in result.stderr
+    for expected in ["line 2: invalid_json_line", "line 3: invalid_request", "line 4: missing_required_parameter (method)",
+                     "line 5: duplicate_custom_id (custom_id)", "line 6: invalid_url (url)",
+                     "line 7: model_not_found (body.model)", "line 8: context_length_exceeded (body.prompt)",
+                     "line 9: decimal_below_min_value (body.top_p)", "line 10: invalid_json_line"]:
+        assert f"error: {expected}" in result.stderr  # every bad line, also the bodies that would fail alone
     assert "Traceback" not in result.stderr + result.stdout and not (tmp_path / "out.jsonl").exists()
 
 
@@ -87,14 +87,14 @@ def test_submit_with_skip_invalid_then_status_list_and_download(tmp_path, env):
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good"]
     error = json.loads(errs.read_text())["error"]
     assert {k: error[k] for k in ("code", "line", "param")} == {"code": "invalid_json_line", "line": 2, "param": None}
-    assert error["message"] == "the line is not valid JSON: Expecting value at character 1"  # "not json"
+    assert error["message"] == "This line is not parseable as valid JSON (Expecting value at character 1)."  # "not json"
     cancel = batchinfer(env, "cancel", job["id"])
-    assert cancel.returncode == 1 and cancel.stderr.strip() == f"error: job {job['id']} is already completed"
+    assert cancel.returncode == 1 and cancel.stderr.strip() == "error: Cannot cancel a batch with status 'completed'."
 
 
 def test_errors_are_one_line_with_distinct_exit_codes(tmp_path, env):
     missing = batchinfer(env, "status", "batch_missing")
-    assert missing.returncode == 3 and missing.stderr.strip() == "error: no job 'batch_missing'"
+    assert missing.returncode == 3 and missing.stderr.strip() == "error: No batch found with id 'batch_missing'."
     no_file = batchinfer(env, "run", str(tmp_path / "absent.jsonl"), "-o", str(tmp_path / "o.jsonl"))
     assert no_file.returncode == 1 and no_file.stderr.strip().startswith("error: no such file")
     bad_setting = batchinfer({**env, "BATCHINFER_STORAGE_URL": "ftp://x"}, "list")
@@ -188,10 +188,10 @@ def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(
         completion_line("good-1", "The sky is"), completion_line("i" * 600, "hi"), completion_line("nul\x00id", "hi"),
         completion_line("seed", "hi", seed=2**64), completion_line("huge", "hi", temperature="x" * 500_000),
         completion_line("good-2", "Two plus two is")])
-    rejected = batchinfer(env, "submit", src)
+    rejected = batchinfer(env, "submit", src, "--strict")  # the bodies too: nothing runs
     assert rejected.returncode == 2 and "Traceback" not in rejected.stderr
-    for expected in ["line 2: invalid_field (custom_id)", "line 3: invalid_field (custom_id)",
-                     "line 4: invalid_field (body.seed)", "line 5: invalid_field (body.temperature)"]:
+    for expected in ["line 2: string_above_max_length (custom_id)", "line 3: invalid_value (custom_id)",
+                     "line 4: integer_above_max_value (body.seed)", "line 5: invalid_type (body.temperature)"]:
         assert expected in rejected.stderr
     assert _longest_run(rejected.stderr, "x") <= 200 and _longest_run(rejected.stderr, "i") <= 200
     result = batchinfer(env, "submit", src, "--skip-invalid", "--json")
@@ -199,14 +199,34 @@ def test_lines_postgres_cannot_hold_fail_alone_and_huge_values_are_echoed_short(
     job = json.loads(result.stdout)
     assert job["status"] == "completed" and job["request_counts"] == {"total": 6, "completed": 2, "failed": 4}
     status = batchinfer(env, "status", job["id"], "--json").stdout
-    assert json.loads(status)["errors"]["count"] == 4 and _longest_run(status, "x") <= 200
+    assert json.loads(status)["errors"]["count"] == 2 and _longest_run(status, "x") <= 200  # the bodies: their own 400
     out, errs = tmp_path / "o.jsonl", tmp_path / "e.jsonl"
     assert batchinfer(env, "download", job["id"], "-o", str(out), "--errors", str(errs)).returncode == 0
     assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["good-1", "good-2"]
     errors = [json.loads(line) for line in errs.read_text().splitlines()]
     assert [(e["custom_id"], e["error"]["line"], e["error"]["param"]) for e in errors] == [
         (None, 2, "custom_id"), (None, 3, "custom_id"), ("seed", 4, "body.seed"), ("huge", 5, "body.temperature")]
+    assert [e["response"] and e["response"]["status_code"] for e in errors] == [None, None, 400, 400]
     assert _longest_run(errs.read_text(), "x") <= 200 and _longest_run(errs.read_text(), "i") <= 200
+
+
+def test_a_refused_body_is_listed_before_anything_runs_and_fails_alone_unless_strict(tmp_path, env):
+    src = _write(tmp_path, [completion_line("good", "Two plus two is"), completion_line("hot", "hi", temperature=9)])
+    out = tmp_path / "o.jsonl"
+    ran = batchinfer(env, "run", src, "-o", str(out), "--errors", str(tmp_path / "e.jsonl"))
+    assert ran.returncode == 0, ran.stderr
+    listed = ran.stderr.index("refused: line 2: decimal_above_max_value (body.temperature)")
+    assert listed < ran.stderr.index("completed: 1 completed, 1 failed")  # listed first, then it ran
+    assert [json.loads(raw)["custom_id"] for raw in out.read_text().splitlines()] == ["good"]
+    (refused,) = [json.loads(raw) for raw in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert refused["response"]["status_code"] == 400 and refused["response"]["body"]["error"]["param"] == "temperature"
+    strict = batchinfer(env, "submit", src, "--strict", "--json")
+    assert strict.returncode == 2 and json.loads(strict.stdout)["status"] == "failed"
+    assert json.loads(strict.stdout)["errors"]["data"][0]["code"] == "decimal_above_max_value"
+    both = batchinfer(env, "submit", src, "--strict", "--skip-invalid")
+    assert both.returncode == 2 and "cannot both be set" in both.stderr
+    planned = batchinfer(env, "plan", src)  # the batch would run: the refused body is listed, the plan shown
+    assert planned.returncode == 0 and "refused: line 2: decimal_above_max_value (body.temperature)" in planned.stderr
 
 
 def test_download_errors_of_a_job_that_failed_validation_writes_its_error_file(tmp_path, env):

@@ -43,28 +43,28 @@ def test_every_input_form_is_tokenized_without_a_template(tiny_tokenizer):
     assert "inputs" not in valid[0].request.echo and valid[3].request.echo["inputs"] == [ids, ids[:1]]
 
 
-@pytest.mark.parametrize("body, code, param", [
-    ({"input": ""}, "invalid_field", "body.input"),
-    ({"input": []}, "invalid_field", "body.input"),
-    ({"input": [10**9]}, "invalid_field", "body.input"),
-    ({"input": "word " * 100}, "context_length_exceeded", "body.input"),
-    ({"input": "x", "encoding_format": "int8"}, "invalid_field", "body.encoding_format"),
-    ({"input": "x", "dimensions": 0}, "invalid_field", "body.dimensions"),
-    ({}, "missing_field", "body.input"),
+@pytest.mark.parametrize("body, code, param, per_request", [
+    ({"input": ""}, "invalid_value", "body.input", True),
+    ({"input": []}, "invalid_value", "body.input", True),
+    ({"input": [10**9]}, "invalid_value", "body.input", True),
+    ({"input": "word " * 100}, "context_length_exceeded", "body.input", True),
+    ({"input": "x", "encoding_format": "int8"}, "invalid_value", "body.encoding_format", True),
+    ({"input": "x", "dimensions": 0}, "integer_below_min_value", "body.dimensions", True),
+    ({}, "invalid_request", "body.input", False),  # OpenAI checks the prompt field at validation: the batch fails
 ])
-def test_bad_embedding_lines_get_their_codes(tiny_tokenizer, body, code, param):
+def test_bad_embedding_lines_get_their_codes(tiny_tokenizer, body, code, param, per_request):
     report, valid, invalid = _validate(tiny_tokenizer, [embedding_line("ok", input="x"), embedding_line("bad", **body)])
     assert [v.custom_id for v in valid] == ["ok"]
     (error,) = invalid
-    assert (error.custom_id, error.code, error.param) == ("bad", code, param)
+    assert (error.custom_id, error.code, error.param, error.per_request) == ("bad", code, param, per_request)
 
 
 def test_an_embeddings_batch_holds_only_embedding_lines(tiny_tokenizer):
     _, valid, invalid = _validate(tiny_tokenizer, [embedding_line("e", input="x"), chat_line("c", "Hi")])
-    assert [v.custom_id for v in valid] == ["e"] and [(e.custom_id, e.code) for e in invalid] == [("c", "unsupported_url")]
+    assert [v.custom_id for v in valid] == ["e"] and [(e.custom_id, e.code) for e in invalid] == [("c", "invalid_url")]
     _, valid, invalid = _validate(tiny_tokenizer, [embedding_line("e", input="x"), chat_line("c", "Hi")],
                                   endpoint="/v1/chat/completions")
-    assert [v.custom_id for v in valid] == ["c"] and [(e.custom_id, e.code) for e in invalid] == [("e", "unsupported_url")]
+    assert [v.custom_id for v in valid] == ["c"] and [(e.custom_id, e.code) for e in invalid] == [("e", "invalid_url")]
 
 
 def _result(vector: list[float], prompt_tokens: int) -> GenerationResult:

@@ -125,8 +125,9 @@ def test_two_models_run_each_on_its_own_workers(fleet):
     refused = _final(url, headers, unserved)
     assert refused["status"] == "failed" and refused["model"] == "gpt-4o"
     (error,) = refused["errors"]["data"]
-    assert error["code"] == "model_not_found"
-    assert error["message"] == f"model 'gpt-4o' is not served here (served: '{GHOST}', '{SMOL}', '{TINY}')"
+    assert (error["code"], error["line"], error["param"]) == ("model_not_found", 1, "body.model")
+    assert error["message"] == ("The provided model 'gpt-4o' is not supported by the Batch API (served here: "
+                                f"'{GHOST}', '{SMOL}', '{TINY}').")
 
     metrics = httpx.get(f"{url}/metrics", headers=headers).text
     assert f'batchinfer_worker_model{{model="{TINY}",worker="{names[TINY]}"}} 1.0' in metrics

@@ -48,14 +48,16 @@ def test_a_line_naming_another_served_model_is_refused_as_mismatched(fleet):
     assert job.status == "queued" and job.model == OTHER
     errors = {e["line"]: e for e in job.errors}
     assert set(errors) == {2, 3} and errors[2]["code"] == "mismatched_model" and DEFAULT in errors[2]["message"]
-    assert errors[3]["code"] == "model_not_found" and f"(served: '{DEFAULT}', '{OTHER}')" in errors[3]["message"]
+    assert errors[3]["code"] == "model_not_found" and f"(served here: '{DEFAULT}', '{OTHER}')" in errors[3]["message"]
 
 
-def test_a_batch_naming_a_model_nobody_serves_fails_whole_with_the_served_list(fleet):
-    job = submit_lines(fleet, [chat_line("a", "hi", model="gpt-4o"), chat_line("b", "hi")], skip_invalid=True)
+def test_a_batch_naming_a_model_nobody_serves_fails_naming_each_line_and_the_served_list(fleet):
+    job = submit_lines(fleet, [chat_line("a", "hi", model="gpt-4o"), chat_line("b", "hi"), "{broken"], skip_invalid=True)
     assert job.status == "failed" and job.model == "gpt-4o"
-    assert job.errors == [{"line": None, "code": "model_not_found", "param": "body.model",
-                           "message": f"model 'gpt-4o' is not served here (served: '{DEFAULT}', '{OTHER}')"}]
+    assert job.errors[0] == {"line": 1, "code": "model_not_found", "param": "body.model",
+                             "message": "The provided model 'gpt-4o' is not supported by the Batch API (served here: "
+                                        f"'{DEFAULT}', '{OTHER}')."}
+    assert [(e["line"], e["code"]) for e in job.errors[1:]] == [(2, "mismatched_model"), (3, "invalid_json_line")]
     assert dispatch(fleet) == []
 
 

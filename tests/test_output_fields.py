@@ -41,38 +41,40 @@ def test_the_fields_reach_the_sampling_params_and_survive_the_prepared_file(tiny
     assert [v.request.sampling.logprobs for v in valid] == [4, 0, None]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"top_logprobs": 3}, "body.top_logprobs"),  # without logprobs: true
-    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs"),
-    ({"logprobs": 2}, "body.logprobs"),  # chat takes a boolean
-    ({"presence_penalty": 3}, "body.presence_penalty"),
-    ({"frequency_penalty": "1"}, "body.frequency_penalty"),
-    ({"repetition_penalty": 0}, "body.repetition_penalty"),
-    ({"logit_bias": {"abc": 1}}, "body.logit_bias"),
-    ({"logit_bias": {"5": 101}}, "body.logit_bias"),
-    ({"logit_bias": {str(i): 1 for i in range(301)}}, "body.logit_bias"),
-    ({"logit_bias": {"99999999": 1}}, "body.logit_bias"),  # outside the vocabulary
-    ({"stop_token_ids": [99999999]}, "body.stop_token_ids"),
-    ({"min_tokens": 9, "max_tokens": 4}, "body.min_tokens"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools"),
-    ({"parallel_tool_calls": True}, "body.parallel_tool_calls"),
-    ({"audio": {"voice": "alloy"}}, "body.audio"),
-    ({"response_format": {"type": "xml"}}, "body.response_format"),
+@pytest.mark.parametrize("body,param,code", [
+    ({"top_logprobs": 3}, "body.top_logprobs", "invalid_value"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "body.top_logprobs", "integer_above_max_value"),
+    ({"logprobs": 2}, "body.logprobs", "invalid_type"),  # chat takes a boolean
+    ({"presence_penalty": 3}, "body.presence_penalty", "decimal_above_max_value"),
+    ({"frequency_penalty": "1"}, "body.frequency_penalty", "invalid_type"),
+    ({"repetition_penalty": 0}, "body.repetition_penalty", "decimal_below_min_value"),
+    ({"logit_bias": {"abc": 1}}, "body.logit_bias", "invalid_value"),
+    ({"logit_bias": {"5": 101}}, "body.logit_bias", "invalid_value"),
+    ({"logit_bias": {str(i): 1 for i in range(301)}}, "body.logit_bias", "invalid_value"),
+    ({"logit_bias": {"99999999": 1}}, "body.logit_bias", "invalid_value"),  # outside the vocabulary
+    ({"stop_token_ids": [99999999]}, "body.stop_token_ids", "invalid_value"),
+    ({"min_tokens": 9, "max_tokens": 4}, "body.min_tokens", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools", "unsupported_parameter"),
+    ({"parallel_tool_calls": True}, "body.parallel_tool_calls", "unsupported_parameter"),
+    ({"audio": {"voice": "alloy"}}, "body.audio", "unsupported_parameter"),
+    ({"response_format": {"type": "xml"}}, "body.response_format", "invalid_value"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}},
-     "body.response_format"),  # a schema the library cannot compile
-    ({"guided_regex": "(", "max_tokens": 4}, "body.guided_regex"),
-    ({"guided_choice": ["a"], "guided_regex": "a+"}, "body.guided_choice"),
+     "body.response_format", "invalid_value"),  # a schema the library cannot compile
+    ({"guided_regex": "(", "max_tokens": 4}, "body.guided_regex", "invalid_value"),
+    ({"guided_choice": ["a"], "guided_regex": "a+"}, "body.guided_choice", "invalid_value"),
 ])
-def test_a_bad_or_unsupported_field_is_an_invalid_field_naming_it(tiny_tokenizer, body, param):
+def test_a_bad_or_unsupported_field_is_its_request_own_400_naming_it(tiny_tokenizer, body, param, code):
     report, valid = _validate(tiny_tokenizer, body)
-    assert not valid and (report.errors[0].code, report.errors[0].param) == ("invalid_field", param)
-    assert param.split(".")[-1] in report.errors[0].message and len(report.errors[0].message) < 400
+    assert not valid and report.ok and report.refused == 1  # the request fails alone: the batch runs the rest
+    (error, *_) = report.request_errors
+    assert (error.code, error.param) == (code, param)
+    assert param.split(".")[-1] in error.message and len(error.message) < 400
 
 
 def test_an_image_part_is_refused(tiny_tokenizer):
     part = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
     report, valid = _validate(tiny_tokenizer, {"messages": [{"role": "user", "content": [part]}]})
-    assert not valid and report.errors[0].param == "body.messages[0].content"
+    assert not valid and report.request_errors[0].param == "body.messages[0].content"
 
 
 def _result(logprobs):

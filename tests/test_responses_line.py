@@ -41,28 +41,38 @@ def test_string_input_and_message_items_are_the_same_prompt(tiny_tokenizer):
     assert valid[0].request.echo["metadata"] == {"k": "v"} and valid[0].request.echo["instructions"] == "Be brief."
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "body.tools"),
-    ({"input": "Hi", "reasoning": {"effort": "low"}}, "body.reasoning"),
-    ({"input": "Hi", "previous_response_id": "resp_1"}, "body.previous_response_id"),
+@pytest.mark.parametrize("body, param, code", [
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "body.tools", "unsupported_parameter"),
+    ({"input": "Hi", "reasoning": {"effort": "low"}}, "body.reasoning", "unsupported_parameter"),
+    ({"input": "Hi", "previous_response_id": "resp_1"}, "body.previous_response_id", "unsupported_parameter"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
-     "body.input"),
-    ({"input": "Hi", "max_output_tokens": 0}, "body.max_output_tokens"),
-    ({"input": "Hi", "stream": True}, "body.stream"),
-    ({"input": ""}, "body.input"),
-    ({"instructions": "x"}, "body.input"),
-    ({"input": "Hi", "text": {"format": {"type": "xml"}}}, "body.text"),
-    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "body.text"),
+     "body.input", "invalid_value"),
+    ({"input": "Hi", "max_output_tokens": 0}, "body.max_output_tokens", "integer_below_min_value"),
+    ({"input": "Hi", "stream": "yes"}, "body.stream", "invalid_value"),
+    ({"input": ""}, "body.input", "invalid_value"),
+    ({"input": "Hi", "text": {"format": {"type": "xml"}}}, "body.text", "invalid_value"),
+    ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "body.text", "invalid_value"),
     ({"input": "Hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "required": 5}}}},
-     "body.text.format"),  # a schema the grammar library cannot compile, found at submit time
+     "body.text.format", "invalid_value"),  # a schema the grammar library cannot compile, found at submit time
 ])
-def test_unsupported_or_bad_fields_are_refused_per_line(tiny_tokenizer, body, param):
+def test_unsupported_or_bad_fields_are_the_requests_own_400(tiny_tokenizer, body, param, code):
     report, valid, invalid = _validate(tiny_tokenizer, [responses_line("ok", input="Hi"), responses_line("bad", **body)])
-    assert [v.custom_id for v in valid] == ["ok"]
+    assert [v.custom_id for v in valid] == ["ok"] and report.ok
     (error,) = invalid
-    assert error.custom_id == "bad" and error.param == param
-    assert error.code == ("missing_field" if "input" not in body else "invalid_field")
-    assert param.removeprefix("body.") in error.message
+    assert error.custom_id == "bad" and error.param == param and error.per_request
+    assert error.code == code
+    named = param.removeprefix("body.").removesuffix(".format")  # OpenAI's "Invalid value: 'x'. Supported values..."
+    assert named in error.message or error.message.startswith("Invalid value: ")  # names the value, the param names it
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"input": "Hi", "stream": True}, "body.stream", "streaming_unsupported"),
+    ({"instructions": "x"}, "body.input", "invalid_request"),
+])
+def test_a_stream_or_no_input_fails_the_batch(tiny_tokenizer, body, param, code):
+    report, valid, invalid = _validate(tiny_tokenizer, [responses_line("ok", input="Hi"), responses_line("bad", **body)])
+    assert [v.custom_id for v in valid] == ["ok"] and not report.ok
+    assert [(e.code, e.param, e.per_request) for e in invalid] == [(code, param, False)]
 
 
 def test_the_output_body_is_a_response_the_sdk_parses():

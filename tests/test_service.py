@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from batchinfer.jobs import lifecycle, service
 from batchinfer.db.models import Request
 from batchinfer.jobs.dispatch.planning import dispatch
-from batchinfer.errors import BatchInferError, InvalidRequest, JobNotFound, TooManyActive
+from batchinfer.errors import InvalidRequest, JobConflict, JobNotFound, TooManyActive
 from batchinfer.jobs.units.runner import run_unit
 from jobfiles import chat_line, completion_line
 from jobfiles import read_output, submit_lines
@@ -42,8 +42,9 @@ def test_an_invalid_file_fails_with_every_error_and_nothing_runs(make_context):
 
 @pytest.mark.fast
 def test_an_unknown_model_is_refused(make_context):
-    with pytest.raises(InvalidRequest, match="model_not_found"):
+    with pytest.raises(InvalidRequest, match="The provided model 'gpt-4o' is not supported") as refused:
         submit_lines(make_context(), [chat_line("a", "hi")], model="gpt-4o")
+    assert (refused.value.code, refused.value.param) == ("model_not_found", "model")
 
 
 def test_skip_invalid_runs_the_valid_lines_and_lists_the_rest(make_context, generator):
@@ -56,7 +57,9 @@ def test_skip_invalid_runs_the_valid_lines_and_lists_the_rest(make_context, gene
     assert (job.status, job.completed, job.failed) == ("completed", 1, 2)
     assert [o["custom_id"] for o in read_output(ctx, job.id)] == ["ok"]
     errors = read_output(ctx, job.id, errors=True)
-    assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(1, "not_an_object"), (3, "invalid_field")]
+    assert [(e["error"]["line"], e["error"]["code"]) for e in errors] == [(1, "invalid_request"),
+                                                                          (3, "integer_below_min_value")]
+    assert [e["response"] and e["response"]["status_code"] for e in errors] == [None, 400]  # the body's own 400
 
 
 def test_cancel_keeps_finished_results(make_context, generator):
@@ -73,8 +76,12 @@ def test_cancel_keeps_finished_results(make_context, generator):
         ("c1", "batch_cancelled"), ("c2", "batch_cancelled")]
     _run_units(ctx, generator, units[1:])  # units already queued find nothing left to run
     assert service.get(ctx, job.id).completed == 1
-    with pytest.raises(BatchInferError, match="already cancelled"):
-        service.cancel(ctx, job.id)
+    again = service.cancel(ctx, job.id)  # OpenAI's rule: cancelling a cancelled batch answers with it as it is
+    assert (again.status, again.cancelled_at, again.completed, again.failed) == ("cancelled", job.cancelled_at, 1, 2)
+    done = submit_lines(ctx, [completion_line("d", "Hi")])
+    _run_units(ctx, generator, dispatch(ctx))
+    with pytest.raises(JobConflict, match="Cannot cancel a batch with status 'completed'"):
+        service.cancel(ctx, done.id)
 
 
 def test_expiry_keeps_finished_results_and_expires_the_rest(make_context, generator):
@@ -123,12 +130,14 @@ def test_every_submit_is_checked_alike_metadata_window_and_active_limit(make_con
     """The CLI's submit passes the checks the API's create does (jobs.intake.submission), not a subset."""
     ctx = make_context(max_active_batches_per_owner=1)
     lines = [completion_line("a", "x")]
-    with pytest.raises(InvalidRequest, match="invalid_metadata: at most 16 metadata pairs"):
+    with pytest.raises(InvalidRequest, match="Expected an object with at most 16 properties, but got an object with 17"):
         submit_lines(ctx, lines, metadata={f"k{i}": "v" for i in range(17)})
-    with pytest.raises(InvalidRequest, match="invalid_metadata: metadata keys are at most 64"):
+    with pytest.raises(InvalidRequest, match="metadata keys are at most 64"):
         submit_lines(ctx, lines, metadata={"k" * 65: "v"})
-    with pytest.raises(InvalidRequest, match="invalid_completion_window"):
-        submit_lines(ctx, lines, completion_window="soon")
+    for window in ("soon", ""):  # never empty: a window we serve
+        with pytest.raises(InvalidRequest, match="Supported values are: '24h'") as refused:
+            submit_lines(ctx, lines, completion_window=window)
+        assert (refused.value.code, refused.value.param) == ("invalid_value", "completion_window")
     first = submit_lines(ctx, lines)
     with pytest.raises(TooManyActive, match="1 unfinished batches; the limit is 1"):
         submit_lines(ctx, lines)

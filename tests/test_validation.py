@@ -23,7 +23,13 @@ def _validate(tokenizer, data: bytes, **limits):
 
 
 def _codes(report):
+    """The problems that fail the batch (of the file and of lines' envelopes)."""
     return [(e.line, e.code, e.param) for e in report.errors]
+
+
+def _refused(report):
+    """The bodies the endpoint refuses: each its request's own 400, while the rest runs."""
+    return [(e.line, e.code, e.param) for e in report.request_errors]
 
 
 def test_a_good_file_is_tokenized_with_the_chat_template(tiny_tokenizer):
@@ -46,7 +52,7 @@ def test_the_shipped_sample_is_valid(tiny_tokenizer):
     assert report.ok and len(valid) == 8 and urls == {"/v1/chat/completions", "/v1/completions"}
 
 
-def test_every_line_problem_is_reported_with_line_code_and_param(tiny_tokenizer):
+def test_every_line_problem_is_reported_with_line_code_and_param_split_as_openai_does(tiny_tokenizer):
     lines = [
         chat_line("ok-1", "fine"),                                                         # 1
         "{not json",                                                                       # 2
@@ -63,18 +69,63 @@ def test_every_line_problem_is_reported_with_line_code_and_param(tiny_tokenizer)
     data = "\n".join(lines).encode() + b"\n\xff\xfe bad bytes\n"                           # 12
     report, valid, invalid = _validate(tiny_tokenizer, data)
     assert _codes(report) == [
-        (2, "invalid_json_line", None), (3, "not_an_object", None), (4, "missing_field", "custom_id"),
-        (5, "duplicate_custom_id", "custom_id"), (6, "unsupported_url", "url"), (7, "model_not_found", "body.model"),
-        (8, "invalid_field", "body.temperature"), (9, "context_length_exceeded", "body.max_tokens"),
-        (10, "missing_field", "body.messages"), (11, "invalid_field", "body.max_tokens"), (12, "invalid_utf8", None)]
+        (2, "invalid_json_line", None), (3, "invalid_request", None), (4, "missing_required_parameter", "custom_id"),
+        (5, "duplicate_custom_id", "custom_id"), (6, "invalid_url", "url"), (7, "model_not_found", "body.model"),
+        (10, "invalid_request", "body.messages"), (12, "invalid_json_line", None)]
+    assert _refused(report) == [(8, "decimal_above_max_value", "body.temperature"),
+                                (9, "context_length_exceeded", "body.prompt"),
+                                (11, "integer_below_min_value", "body.max_tokens")]
     assert [v.custom_id for v in valid] == ["ok-1"]
     assert [e.line for e in invalid] == list(range(2, 13))
-    assert report.error_count == 11 and not report.ok and not report.file_error
+    assert [e.line for e in invalid if e.per_request] == [8, 9, 11]
+    assert report.error_count == 8 and report.refused == 3 and not report.ok and not report.file_error
+
+
+def test_openai_wording_of_each_problem(tiny_tokenizer):
+    lines = [json.dumps({"method": "POST", "url": "/v1/completions", "body": {}}),
+             json.dumps({"custom_id": "s", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}}),
+             json.dumps({"custom_id": "m", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "nope"}}),
+             json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": MODEL, "messages": [{"content": "no role"}]}}),
+             chat_line("t", "hi", temperature="hot"), chat_line("tools", "hi", tools=[{"type": "function"}])]
+    report, _, _ = _validate(tiny_tokenizer, "\n".join(lines).encode())
+    assert [e.message for e in report.errors] == [
+        "Missing required parameter: 'custom_id'.",
+        "Chat Completions: Streaming is not supported in the Batch API.",
+        "The provided model 'nope' is not supported by the Batch API (served here: 'smollm2-135m-instruct')."]
+    assert [(e.code, e.message) for e in report.request_errors] == [
+        ("missing_required_parameter", "Missing required parameter: 'messages[0].role'."),
+        ("invalid_type", "Invalid type for 'temperature': expected a number, but got a string instead."),
+        ("unsupported_parameter", "Unsupported parameter: 'tools' is not supported by this server.")]
+
+
+def test_strict_limits_make_a_refused_body_fail_the_batch(tiny_tokenizer):
+    data = "\n".join([chat_line("ok", "fine"), chat_line("t", "hi", temperature=5)]).encode()
+    report, valid, invalid = _validate(tiny_tokenizer, data, strict=True)
+    assert _codes(report) == [(2, "decimal_above_max_value", "body.temperature")] and report.refused == 0
+    assert not report.ok and [e.per_request for e in invalid] == [False] and len(valid) == 1
+
+
+def test_a_batch_made_through_the_api_names_its_model_on_every_line(tiny_tokenizer):
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}})
+    report, _, _ = _validate(tiny_tokenizer, line.encode(), endpoint="/v1/completions")
+    assert _codes(report) == [(1, "invalid_request", "body.model")]
+    assert report.errors[0].message == "Model parameter is required."
+
+
+def test_lines_naming_a_model_nobody_serves_are_each_named(tiny_tokenizer):
+    """Checked on another model's tokenizer: every line naming it is named, and the other problems too."""
+    data = "\n".join([chat_line("a", "hi", model="nope"), "{broken", chat_line("b", "hi")]).encode()
+    report, valid, _ = _validate(tiny_tokenizer, data, model_id="nope", model_served=False)
+    assert _codes(report) == [(1, "model_not_found", "body.model"), (2, "invalid_json_line", None),
+                              (3, "model_not_found", "body.model")]
 
 
 def test_all_problems_on_one_line_are_reported(tiny_tokenizer):
     report, _, invalid = _validate(tiny_tokenizer, chat_line("x", "hi", temperature=-1, top_p=2).encode())
-    assert [e.param for e in report.errors] == ["body.temperature", "body.top_p"] and len(invalid) == 1
+    assert [e.param for e in report.request_errors] == ["body.temperature", "body.top_p"] and len(invalid) == 1
+    assert report.refused == 1 and report.ok
 
 
 def test_empty_file(tiny_tokenizer):
@@ -121,11 +172,16 @@ def test_only_the_configured_model_is_served(tiny_tokenizer):
 def test_bad_chat_fields_name_the_param(tiny_tokenizer, body, param):
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
     report, _, _ = _validate(tiny_tokenizer, line.encode())
-    assert report.errors[0].param == param and report.errors[0].code in ("invalid_field", "missing_field")
+    assert report.ok and report.request_errors[0].param == param
+    assert report.request_errors[0].code in ("invalid_value", "invalid_type", "missing_required_parameter",
+                                             "array_above_max_length", "integer_above_max_value",
+                                             "integer_below_min_value")
 
 
-def test_every_code_is_documented():
-    assert len(set(CODES)) == len(CODES) == 14
+def test_every_code_is_in_the_one_table():
+    from batchinfer import error_codes
+
+    assert set(CODES) <= set(error_codes.TABLE) and "invalid_field" not in CODES
 
 
 def _line(custom_id="a", **body) -> bytes:
@@ -133,11 +189,12 @@ def _line(custom_id="a", **body) -> bytes:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}).encode()
 
 
-@pytest.mark.parametrize("custom_id", ["i" * 513, "a\x00b", "a\ud800b"])  # over the column, NUL, a lone surrogate
-def test_a_custom_id_the_database_cannot_hold_is_an_invalid_field(tiny_tokenizer, custom_id):
+@pytest.mark.parametrize("custom_id,code", [("i" * 513, "string_above_max_length"), ("a\x00b", "invalid_value"),
+                                            ("a\ud800b", "invalid_value")])  # over the column, NUL, a lone surrogate
+def test_a_custom_id_the_database_cannot_hold_fails_the_batch(tiny_tokenizer, custom_id, code):
     data = b"\n".join([_line("ok-1"), _line(custom_id), _line("i" * 512)])
     report, valid, invalid = _validate(tiny_tokenizer, data)
-    assert _codes(report) == [(2, "invalid_field", "custom_id")] and [v.line for v in valid] == [1, 3]
+    assert _codes(report) == [(2, code, "custom_id")] and [v.line for v in valid] == [1, 3]
     assert invalid[0].custom_id is None and len(report.errors[0].message) < 400  # the bad id is not echoed whole
 
 
@@ -149,7 +206,8 @@ def test_a_seed_is_valid_exactly_when_the_engine_takes_it(tiny_tokenizer, seed, 
     if ok:
         assert report.ok and valid[0].request.sampling.seed == seed
     else:
-        assert _codes(report) == [(1, "invalid_field", "body.seed")] and valid == []
+        code = "integer_below_min_value" if seed < 0 else "integer_above_max_value"
+        assert _refused(report) == [(1, code, "body.seed")] and valid == []
 
 
 def test_a_prompt_with_a_lone_surrogate_is_an_invalid_field_not_a_crash(tiny_tokenizer):
@@ -157,7 +215,7 @@ def test_a_prompt_with_a_lone_surrogate_is_an_invalid_field_not_a_crash(tiny_tok
     completion = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",
                              "body": {"prompt": "\ud800"}}).encode()
     report, _, _ = _validate(tiny_tokenizer, chat + b"\n" + completion)
-    assert _codes(report) == [(1, "invalid_field", "body.messages[0].content"), (2, "invalid_field", "body.prompt")]
+    assert _refused(report) == [(1, "invalid_value", "body.messages[0].content"), (2, "invalid_value", "body.prompt")]
 
 
 def test_json_past_the_parser_limits_is_an_invalid_json_line(tiny_tokenizer):
@@ -174,7 +232,8 @@ def test_a_huge_bad_value_is_echoed_as_a_short_excerpt(tiny_tokenizer, field):
     parent, _, name = field.rpartition(".")
     (obj["body"] if parent else obj)[name] = huge
     report, _, invalid = _validate(tiny_tokenizer, json.dumps(obj).encode())
-    assert report.errors[0].param == field and 0 < report.errors[0].message.count("x") <= 200
+    (error,) = report.errors + report.request_errors
+    assert error.param == field and 0 < error.message.count("x") <= 200
     assert invalid[0].custom_id in (None, "a")
 
 
@@ -184,9 +243,10 @@ def test_a_json_error_names_the_character_where_the_line_goes_wrong(tiny_tokeniz
     missing_comma = whole.replace('", "method"', '" "method"', 1)
     report, _, _ = _validate(tiny_tokenizer, f"{cut}\n{missing_comma}\n".encode())
     messages = [e.message for e in report.errors]
-    assert messages[0].endswith("at character 160: the line ends early (is the object cut short?)"), messages[0]
+    assert messages[0].endswith("at character 160: the line ends early (is the object cut short?))."), messages[0]
     column = missing_comma.index('"method"') + 1  # 1-based: where the comma should have been followed
-    assert messages[1] == f"the line is not valid JSON: Expecting ',' delimiter at character {column}", messages[1]
+    assert messages[1] == ("This line is not parseable as valid JSON (Expecting ',' delimiter at character "
+                           f"{column})."), messages[1]
 
 
 def test_chunked_validation_reports_exactly_what_line_by_line_validation_does(tiny_tokenizer, monkeypatch):

@@ -9,13 +9,15 @@ import time
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
+from batchinfer import error_codes as E
 from batchinfer.api.auth import api_key, context, owner_id
 from batchinfer.api.errors import APIError
 from batchinfer.api.pages import page
 from batchinfer.context import AppContext
-from batchinfer.db.models import ApiKey, Job
+from batchinfer.db.models import ApiKey, Job, JobStatus
 from batchinfer.errors import JobNotFound
-from batchinfer.jobs import files, service
+from batchinfer.errors import shown as shown_value
+from batchinfer.jobs import files, idempotency, service
 from batchinfer.jobs.views.batch_view import batch_object
 from batchinfer.jobs.units.live import with_live
 from batchinfer.runtime.preview import estimate_key, worker_count
@@ -24,7 +26,7 @@ from batchinfer.jobs.dispatch.planning import planner_config
 from batchinfer.jobs.views.reports import group_figures, unit_figures
 
 router = APIRouter(prefix="/v1/batches")
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 class OutputExpiresAfter(BaseModel):
@@ -39,6 +41,12 @@ class CreateBatch(BaseModel):
     metadata: dict[str, str] | None = None
     output_expires_after: OutputExpiresAfter | None = None
     skip_invalid: bool = False  # ours: run the valid lines; bad ones go to the error file
+    strict: bool = False  # ours: a body the endpoint refuses fails the batch too (the CLI's --strict)
+    idempotency_key: str | None = None  # the Idempotency-Key header, in the body (Llama Stack's spelling)
+
+    def request_hash(self) -> str:
+        """What makes two creates under one key the same request (metadata in any order)."""
+        return idempotency.request_hash(self.model_dump(exclude={"idempotency_key"}))
 
 
 class EstimateRequest(BaseModel):
@@ -48,25 +56,44 @@ class EstimateRequest(BaseModel):
 @router.post("")
 def create(spec: CreateBatch, request: Request, ctx: AppContext = Depends(context),
            owner: str = Depends(owner_id)) -> dict:
+    """As OpenAI's: a file that cannot be found makes a batch failed with invalid_request (service.create_from_file);
+    with an idempotency key, a retry of the same create answers with the batch it made (jobs.idempotency)."""
+    key = idempotency.the_key(request.headers.get("idempotency-key"), spec.idempotency_key)
     if spec.endpoint not in ENDPOINTS:
-        raise APIError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}.", "unsupported_endpoint", "endpoint")
-    upload = _input_file(ctx, owner, spec.input_file_id)
-    job = service.create_job(ctx, input_key=upload.storage_key, filename=upload.filename, metadata=spec.metadata,
-                             completion_window=spec.completion_window, skip_invalid=spec.skip_invalid,
-                             owner_id=owner,
-                             input_file_id=upload.id, endpoint=spec.endpoint,
-                             output_expires_after_s=spec.output_expires_after.seconds if spec.output_expires_after else None)
-    request.app.state.work.validate(job.id, job.owner_id or "")
+        # OpenAI's wording; the code and param end it too, as the openai SDK (2.x on) shows only the message
+        raise APIError(400, f"{E.invalid_value(shown_value(spec.endpoint), sorted(ENDPOINTS))} (param endpoint, code "
+                            "invalid_value)", "invalid_value", "endpoint")
+
+    def make(claim: idempotency.Claim | None) -> Job:
+        expires = spec.output_expires_after.seconds if spec.output_expires_after else None
+        return service.create_from_file(ctx, owner, spec.input_file_id, claim, metadata=spec.metadata,
+                                        completion_window=spec.completion_window, skip_invalid=spec.skip_invalid,
+                                        strict=spec.strict, endpoint=spec.endpoint, output_expires_after_s=expires)
+
+    if key is None:
+        job, made = make(None), True
+    else:
+        claim = idempotency.Claim(owner, "batches", key, spec.request_hash())
+        job, made = idempotency.once(ctx, claim, lambda batch_id: _kept_batch(ctx, owner, batch_id), make)
+    if made and job.status == JobStatus.VALIDATING:
+        request.app.state.work.validate(job.id, job.owner_id or "")
     return batch_object(job)
+
+
+def _kept_batch(ctx: AppContext, owner: str, batch_id: str) -> Job | None:
+    try:
+        return with_live(ctx, [service.get(ctx, batch_id, owner=owner)])[0]
+    except JobNotFound:
+        return None
 
 
 def _input_file(ctx: AppContext, owner: str, file_id: str) -> files.FileView:
     try:
         upload = files.get(ctx, owner, file_id)
     except JobNotFound as exc:
-        raise APIError(404, f"No file with id {file_id[:64]!r}.", "file_not_found", "input_file_id") from exc
+        raise APIError(404, E.file_not_found(shown_value(file_id)), "not_found", "input_file_id") from exc
     if upload.purpose != "batch":
-        raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.", "invalid_file", "input_file_id")
+        raise APIError(400, "input_file_id must be a file uploaded with purpose 'batch'.", "invalid_value", "input_file_id")
     return upload
 
 
@@ -106,7 +133,7 @@ async def estimate(spec: EstimateRequest, request: Request, ctx: AppContext = De
                 raise APIError(400, result["error"], "estimate_failed", "input_file_id")
             return {"object": "batch.estimate", "input_file_id": upload.id, **result}
         await asyncio.sleep(0.2)
-    raise APIError(503, "No worker answered with an estimate in time.", "estimate_timeout")
+    raise APIError(503, "No estimate came back in time; try again later.", "estimate_timeout")
 
 
 def _read(ctx: AppContext, key: str) -> bytes:

@@ -30,13 +30,13 @@ def me(key: ApiKey = Depends(api_key)) -> dict:
 @router.get("/batches/{batch_id}/stats")
 def stats(batch_id: str, ctx: AppContext = Depends(context), key: ApiKey = Depends(api_key)) -> dict:
     job = service.get(ctx, batch_id, owner=service.ANY_OWNER if key.is_admin else key.id)
-    if job.status not in JobStatus.TERMINAL or not job.output_key:
+    if job.status not in JobStatus.TERMINAL or not job.kept_key():
         return {"batch_id": batch_id, "final": False}
     with _cache_lock:
         if batch_id in _stats_cache:
             _stats_cache.move_to_end(batch_id)
             return _stats_cache[batch_id]
-    figures = {"batch_id": batch_id, "final": True, **batch_stats(ctx.storage, job.output_key).to_dict()}
+    figures = {"batch_id": batch_id, "final": True, **batch_stats(ctx.storage, job.kept_key() or "").to_dict()}
     with _cache_lock:
         _stats_cache[batch_id] = figures
         while len(_stats_cache) > _CACHE_SIZE:

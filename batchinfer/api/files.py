@@ -11,7 +11,9 @@ from batchinfer.api.auth import context, owner_id
 from batchinfer.api.errors import APIError
 from batchinfer.api.pages import page
 from batchinfer.context import AppContext
-from batchinfer.jobs import files
+from batchinfer.error_codes import invalid_value, missing
+from batchinfer.errors import shown
+from batchinfer.jobs import files, idempotency
 from batchinfer.jobs.files import FileTooLarge, FileView
 from batchinfer.api.merged_content import merged_content
 from batchinfer.jobs.user_text import has_control
@@ -33,20 +35,28 @@ async def upload(request: Request, ctx: AppContext = Depends(context), owner: st
     form = await request.form(max_files=1, max_fields=4)
     try:
         purpose, upload_file = form.get("purpose"), form.get("file")
+        if purpose is None:
+            raise APIError(400, missing("purpose"), "missing_required_parameter", "purpose")
         if purpose != "batch":
-            raise APIError(400, "purpose must be 'batch'.", "invalid_purpose", "purpose")
+            raise APIError(400, f"{invalid_value(shown(purpose), ['batch'])} (the files of batches are the ones served)",
+                           "invalid_value", "purpose")
         if upload_file is None or isinstance(upload_file, str):
-            raise APIError(400, "A file part named 'file' is required.", "missing_file", "file")
+            raise APIError(400, missing("file"), "missing_required_parameter", "file")
         filename = upload_file.filename or "upload.jsonl"
         if len(filename) > MAX_FILENAME or has_control(filename):
-            raise APIError(400, f"filename must be at most {MAX_FILENAME} characters with no control characters.",
-                           "invalid_filename", "file")
-        view = await run_in_threadpool(files.upload, ctx, owner, upload_file.file, filename)
+            raise APIError(400, f"Invalid value for 'file': its filename must be at most {MAX_FILENAME} characters "
+                                "with no control characters.", "invalid_value", "file")
+        key = idempotency.the_key(request.headers.get("idempotency-key"), _text(form.get("idempotency_key")))
+        view = await run_in_threadpool(files.upload, ctx, owner, upload_file.file, filename, "batch", key)
     except FileTooLarge as exc:
         raise APIError(413, str(exc).split(": ", 1)[-1], "file_too_large", "file") from exc
     finally:
         await form.close()
     return file_object(view)
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 @router.get("")

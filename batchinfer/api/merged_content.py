@@ -12,7 +12,7 @@ from batchinfer.jobs.finalize.merged import merged_lines
 
 def merged_content(ctx: AppContext, owner: str, file_id: str) -> StreamingResponse:
     if not file_id.startswith(OUTPUT_PREFIX):
-        raise APIError(400, "merged=true applies to a batch's output file only.", "invalid_merged", "merged")
+        raise APIError(400, "merged=true applies to a batch's output file only.", "invalid_value", "merged")
     job_id = "batch_" + file_id.removeprefix(OUTPUT_PREFIX)
     lines = merged_lines(ctx, service.get(ctx, job_id, owner=owner))
     first = next(lines, b"")  # a storage error surfaces before the response starts

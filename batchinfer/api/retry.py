@@ -27,7 +27,7 @@ def retry(batch_id: str, request: Request, spec: RetryRequest | None = None, ctx
         try:
             parse_duration(spec.completion_window)
         except ValueError as exc:
-            raise APIError(400, str(exc), "invalid_completion_window", "completion_window") from exc
+            raise APIError(400, str(exc), "invalid_value", "completion_window") from exc
     job = create_retry(ctx, batch_id, owner, set(spec.error_codes) if spec.error_codes else None,
                        spec.completion_window)
     request.app.state.work.validate(job.id, job.owner_id or "")

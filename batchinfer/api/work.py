@@ -90,7 +90,7 @@ class WorkQueue:
                                          "posted_at": time.time()})
             except Exception as exc:
                 log.warning("could not queue estimate %s (%s)", estimate_id, one_line(exc))
-                raise APIError(503, "The broker does not answer, so no worker can make the estimate now; try again "
+                raise APIError(503, "The broker does not answer, so the estimate cannot be made now; try again "
                                     "later.", "broker_unavailable") from None
         return estimate_id
 

@@ -29,13 +29,14 @@ class ApiClient:
             raise _error(response)
         return response.json()
 
-    def submit(self, path: Path, metadata: dict, completion_window: str | None, skip_invalid: bool) -> dict:
+    def submit(self, path: Path, metadata: dict, completion_window: str | None, skip_invalid: bool,
+               strict: bool = False) -> dict:
         with open(path, "rb") as source:
             uploaded = self._call("POST", "/v1/files", files={"file": (path.name, source, "application/jsonl")},
                                   data={"purpose": "batch"})
         body = {"input_file_id": uploaded["id"], "endpoint": _endpoint_of(path),
                 "completion_window": completion_window or "24h", "metadata": metadata or None,
-                "skip_invalid": skip_invalid}
+                "skip_invalid": skip_invalid, "strict": strict}
         batch = self._call("POST", "/v1/batches", json=body)
         return self._wait_validated(batch)
 
@@ -74,7 +75,7 @@ class ApiClient:
 
     def download_merged(self, batch: dict, target: BinaryIO) -> bool:
         if batch["output_file_id"] is None:
-            raise BatchInferError(f"job {batch['id']} is {batch['status']}; its results are ready when it is completed")
+            raise BatchInferError(f"batch {batch['id']} is {batch['status']}; its results are ready when it has ended")
         return self._stream(f"/v1/files/{batch['output_file_id']}/content", target, params={"merged": "true"})
 
     def plan(self, path: Path) -> dict:
@@ -90,7 +91,7 @@ class ApiClient:
         file_id = batch["error_file_id" if errors else "output_file_id"]
         if file_id is None:
             if batch["status"] not in JobStatus.TERMINAL:
-                raise BatchInferError(f"job {batch['id']} is {batch['status']}; its results are ready when it is completed")
+                raise BatchInferError(f"batch {batch['id']} is {batch['status']}; its results are ready when it has ended")
             return False
         return self._stream(f"/v1/files/{file_id}/content", target)
 

@@ -26,6 +26,9 @@ from batchinfer.settings import get_settings
 
 FILE_HELP = "OpenAI Batch JSONL input file"
 SKIP_HELP = "run the valid lines; bad ones go to the error file"
+STRICT_HELP = ("refuse the file if any line is bad, a request body the endpoint refuses too (nothing runs); without "
+               "it such a request fails alone with its 400 and the rest run, as OpenAI's batches do")
+SHOWN_LINES = 100  # bad lines listed before anything runs (then a count of the rest)
 
 
 @friendly_errors
@@ -34,13 +37,14 @@ def submit(file: Path = typer.Argument(..., help=FILE_HELP),
            metadata: list[str] = typer.Option([], "--metadata", "-m", help="key=value, repeatable"),
            completion_window: str | None = typer.Option(None, help="e.g. 24h, 30m (default: the setting)"),
            skip_invalid: bool = typer.Option(False, help=SKIP_HELP),
+           strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
            dry_run: bool = typer.Option(False, "--dry-run", help="print the plan and its cost estimate; submit nothing"),
            as_json: bool = typer.Option(False, "--json", help=JSON_HELP)):
     """Submit a batch job; prints its id. Without a broker the job runs right here (the id first, a summary
-    at the end)."""
+    at the end). Every bad line is listed before anything runs."""
     api = client()
     if api is not None:
-        _submit_remote(api, file, model, metadata, completion_window, skip_invalid, dry_run, as_json)
+        _submit_remote(api, file, model, metadata, completion_window, skip_invalid, strict, dry_run, as_json)
         return
     ctx = context()
     if dry_run:
@@ -53,12 +57,14 @@ def submit(file: Path = typer.Argument(..., help=FILE_HELP),
 
     with open_input(file) as source:
         job = service.submit(ctx, source, file.name, model, _parse_metadata(metadata), completion_window, skip_invalid,
-                             on_created=created, on_rows=None if ctx.settings.embedded else _stream_dispatch)
+                             on_created=created, on_rows=None if ctx.settings.embedded else _stream_dispatch,
+                             strict=strict)
     if job.status == JobStatus.FAILED:
-        _report_invalid(batch_object(job), as_json)
+        _report_invalid(batch_object(job), as_json, service.bad_lines(ctx, job, SHOWN_LINES))
     if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
         say(f"job {job.id} was cancelled while it validated: nothing of it runs")
     else:
+        _report_refused(service.bad_lines(ctx, job, SHOWN_LINES), quiet=as_json)
         _run_or_dispatch(ctx, job, quiet=as_json)
     job = service.get(ctx, job.id)
     if as_json:
@@ -87,6 +93,7 @@ def run(file: Path = typer.Argument(..., help=FILE_HELP),
         output: Path = typer.Option(..., "-o", "--output", help="where to write the results"),
         errors: Path | None = typer.Option(None, "--errors", help="where to write the error file"),
         skip_invalid: bool = typer.Option(False, help=SKIP_HELP),
+        strict: bool = typer.Option(False, "--strict", help=STRICT_HELP),
         dtype: str | None = typer.Option(None, "--dtype", help=DTYPE_HELP),
         model: Path | None = typer.Option(None, "--model", help=MODEL_HELP),
         model_id: str | None = typer.Option(None, "--model-id", help="the name the lines use for --model (default: "
@@ -101,9 +108,10 @@ def run(file: Path = typer.Argument(..., help=FILE_HELP),
     if engine is not None:
         engine.load(ctx.settings)
     with open_input(file) as source:
-        job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid)
+        job = service.submit(ctx, source, file.name, skip_invalid=skip_invalid, strict=strict)
     if job.status == JobStatus.FAILED:
-        _report_invalid(batch_object(job), as_json=False)
+        _report_invalid(batch_object(job), False, service.bad_lines(ctx, job, SHOWN_LINES))
+    _report_refused(service.bad_lines(ctx, job, SHOWN_LINES))
     _run_in_process(ctx, job)
     with open(output, "wb") as target:
         service.download(ctx, job.id, target)
@@ -138,13 +146,13 @@ def retry(job_id: str,
     print(json.dumps(batch_object(job)) if as_json else job.id)
 
 
-def _submit_remote(api, file: Path, model, metadata, completion_window, skip_invalid, dry_run, as_json) -> None:
+def _submit_remote(api, file: Path, model, metadata, completion_window, skip_invalid, strict, dry_run, as_json) -> None:
     if not file.is_file():
         raise BatchInferError(f"no such file: {file}")
     if dry_run:
         _print_estimate(api.plan(file), as_json)
         return
-    batch = api.submit(file, _parse_metadata(metadata), completion_window, skip_invalid)
+    batch = api.submit(file, _parse_metadata(metadata), completion_window, skip_invalid, strict)
     if batch["status"] == JobStatus.FAILED:
         _report_invalid(batch, as_json)
     print(json.dumps(batch) if as_json else batch["id"])
@@ -172,24 +180,43 @@ def _print_estimate(result: dict, as_json: bool) -> None:
     else:
         for error in result["errors"]:
             say(f"error: {error_line(error)}")
+        for error in result.get("request_errors", []):  # a body the endpoint refuses: that request fails alone
+            say(f"refused: {error_line(error)} (this request fails alone; the rest run)")
         fields = PlanEstimate.__dataclass_fields__
         out.print(plan_table(PlanEstimate(**{k: v for k, v in result.items() if k in fields})))
     if result["requests"] == 0 or not result["ok"]:
         raise typer.Exit(EXIT_INVALID_INPUT)
 
 
-def _report_invalid(batch: dict, as_json: bool) -> None:
+def _report_invalid(batch: dict, as_json: bool, bad: tuple[list[dict], int] | None = None) -> None:
+    """A batch that failed validation: every bad line (`bad`, where this process can read them: both the problems
+    that failed it and the bodies refused alone), else its errors; exits 2."""
     if as_json:
         print(json.dumps(batch))
     else:
         errors = batch["errors"] or {"data": [], "count": 0}
-        for error in errors["data"]:
+        shown, count = bad if bad is not None else (errors["data"], errors.get("count", len(errors["data"])))
+        for error in shown:
             say(f"error: {error_line(error)}")
-        count = errors.get("count", len(errors["data"]))
-        if count > len(errors["data"]):
-            err.print(f"error: ... and {count - len(errors['data'])} more")
-        say(f"job {batch['id']} failed validation: {count} error(s), nothing ran")
+        if count > len(shown):
+            err.print(f"error: ... and {count - len(shown)} more")
+        failing = errors.get("count", len(errors["data"]))
+        say(f"job {batch['id']} failed validation: {failing} error(s), nothing ran")
     raise typer.Exit(EXIT_INVALID_INPUT)
+
+
+def _report_refused(bad: tuple[list[dict], int], quiet: bool = False) -> None:
+    """The bad lines of a batch that runs, before anything runs: bodies the endpoint refused (each fails alone with
+    its 400) and, with --skip-invalid, the lines left out."""
+    shown, count = bad
+    if quiet or not count:
+        return
+    for error in shown:
+        what = "refused" if error["fails_alone"] else "skipped"
+        say(f"{what}: {error_line(error)}")
+    if count > len(shown):
+        say(f"... and {count - len(shown)} more")
+    say(f"{count} bad line(s) go to the error file, each failing alone; the rest run (--strict refuses the file instead)")
 
 
 def _first_named_model(file: Path) -> str | None:

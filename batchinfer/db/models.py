@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from enum import StrEnum, nonmember
 
-from sqlalchemy import JSON, BigInteger, CheckConstraint, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, CheckConstraint, Float, ForeignKey, Index, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -53,6 +53,7 @@ class Job(Base):
     input_filename: Mapped[str] = mapped_column(String(512), default="")
     metadata_: Mapped[dict] = mapped_column("metadata", JSON, default=dict)
     skip_invalid: Mapped[bool] = mapped_column(default=False)
+    strict: Mapped[bool] = mapped_column(default=False, server_default=false())  # a refused body fails the batch too
     priority: Mapped[int] = mapped_column(Integer, default=0)
     completion_window_s: Mapped[float] = mapped_column(Float)
     total: Mapped[int] = mapped_column(Integer, default=0)
@@ -87,6 +88,15 @@ class Job(Base):
     validation_heartbeat_at: Mapped[float | None] = mapped_column(Float)  # its last committed batch of requests
     # who may share its prefix cache, groups and units (jobs.tenancy.scopes): its key's org or key, or "local"
     cache_scope: Mapped[str] = mapped_column(String(128), default="local", server_default="local")
+    # its output or error file deleted by its owner (the batch keeps the file's id; reading it says it is gone)
+    output_deleted_at: Mapped[float | None] = mapped_column(Float)
+    error_deleted_at: Mapped[float | None] = mapped_column(Float)
+
+    def kept_key(self, errors: bool = False) -> str | None:
+        """The output (or error) file's storage key while the file is there: None when none was made, or once its
+        owner deleted it."""
+        key, deleted = (self.error_key, self.error_deleted_at) if errors else (self.output_key, self.output_deleted_at)
+        return key if deleted is None else None
 
 
 OPEN_NEEDS_UNIT = "status NOT IN ('planned', 'running') OR unit_id IS NOT NULL"
@@ -236,6 +246,20 @@ class ApiKey(Base):
     webhook_secret: Mapped[str | None] = mapped_column(String(128))  # signs them (whsec_...), shown once
     is_admin: Mapped[bool] = mapped_column(default=False)  # sees the workers on the dashboard
     org: Mapped[str | None] = mapped_column(String(64))  # keys of one org share a cache scope; None: its own
+
+
+class IdempotencyKey(Base):
+    """What a create with an Idempotency-Key made (a batch or a file), and a digest of the request that made it: the
+    same key with the same request answers with that object, with another request 409. Committed with the object."""
+
+    __tablename__ = "idempotency_keys"
+
+    owner_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # batches or files
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    object_id: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class File(Base):

@@ -218,13 +218,16 @@ COUNTERS = tuple(f.name for f in fields(Counts))
 
 @dataclass
 class LineError:
-    """A problem validation found: its line (None: the whole file), its code, and the field."""
+    """A problem validation found: its line (None: the whole file), its code, and the field. per_request: a body the
+    endpoint refuses, that request's own 400 while the rest runs (else a problem of the file or of a line's envelope,
+    which fails the batch)."""
 
     line: int | None
     code: str
     message: str
     param: str | None = None
     custom_id: str | None = None
+    per_request: bool = False
 
     def to_dict(self) -> dict:
         return {"line": self.line, "code": self.code, "param": self.param, "message": self.message}
@@ -240,8 +243,10 @@ class ValidationReport:
 
     lines: int = 0  # non-blank lines seen
     valid: int = 0
-    error_count: int = 0
+    error_count: int = 0  # problems that fail the batch (of the file and of lines' envelopes)
     errors: list[LineError] = field(default_factory=list)  # the first max_errors_kept
+    refused: int = 0  # lines whose body the endpoint refuses: each fails alone, the rest run
+    request_errors: list[LineError] = field(default_factory=list)  # their problems, the first max_errors_kept
     file_error: bool = False  # a whole-file problem (empty, too large, too many requests, no model served)
     model: str = ""  # the batch's model, as validation settled it
 

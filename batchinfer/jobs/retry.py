@@ -27,11 +27,11 @@ def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: s
     (not the original's: a batch that expired would expire again)."""
     job = service.get(ctx, job_id, owner=owner)
     if job.status not in JobStatus.TERMINAL:
-        raise JobConflict(f"job {job_id} is {job.status}; retry it once it has ended")
+        raise JobConflict(f"Batch {job_id} is {job.status}; retry it once it has ended.", code="conflict")
     wanted = retry_ids(ctx, job, codes)
     if not wanted:
         which = f" with code {', '.join(sorted(codes))}" if codes else ""
-        raise InvalidRequest(f"nothing_to_retry: job {job_id} has no failed, expired or cancelled request{which}")
+        raise InvalidRequest(f"Batch {job_id} has no failed, expired or cancelled request{which}.", code="nothing_to_retry")
     with SpooledTemporaryFile(SPOOL_BYTES) as spooled:
         source = cast(BinaryIO, spooled)
         _copy_lines(ctx, job, wanted, source)
@@ -51,8 +51,8 @@ def retry_ids(ctx: AppContext, job: Job, codes: set[str] | None = None) -> set[s
         return {custom_id for custom_id, _ in rows}
     code_of = {cid: UNFINISHED_CODES[status] for cid, status in rows if status in UNFINISHED_CODES}
     failed = {cid for cid, status in rows if status == RequestStatus.FAILED}
-    if failed and job.error_key:
-        with ctx.storage.open_read(job.error_key) as stream:
+    if failed and job.kept_key(errors=True):
+        with ctx.storage.open_read(job.kept_key(errors=True) or "") as stream:
             for raw in stream:
                 entry = json.loads(raw)
                 if entry.get("custom_id") in failed:

@@ -11,7 +11,7 @@ from batchinfer.jobs import engine_rates
 from batchinfer.jobs.views.eta import shape_of
 from batchinfer.errors import one_line
 from batchinfer.planner import PendingRequest, PlanEstimate, PlannerConfig, estimate_plan, plan_units, sized_for
-from batchinfer.jobs.intake.validate_job import batch_model, model_tokenizer, validation_limits
+from batchinfer.jobs.intake.validate_job import batch_model, checked_with
 from batchinfer.jobs.intake.lines import ValidLine, peek_model, unserved_model_report, validate_stream
 from batchinfer.jobs.records import ValidationReport
 from batchinfer.jobs.served_models import served_models
@@ -32,10 +32,9 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
 
     named, source = peek_model(source, ctx.settings.max_line_bytes)
     model, served = batch_model(ctx, named), served_models(ctx)
-    if model in served:  # as validation would take it: that model's tokenizer, on that model's workers
-        settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
-        limits = validation_limits(settings, max_model_len, tuple(served))
-        report = validate_stream(source, tokenizer, limits, on_valid, lambda _error: None)
+    checked = checked_with(ctx, model, served)  # as validation would take it: that model's tokenizer and limits
+    if checked is not None:
+        report = validate_stream(source, *checked, on_valid, lambda _error: None)
     else:
         report = unserved_model_report(model, served)
     workers = [w for w in workers if w.model in ("", model)]
@@ -69,7 +68,8 @@ def summary(ctx: AppContext, source: BinaryIO, workers: list[WorkerState],
     """The estimate of a file as `batchinfer plan --json` prints it and the API returns it."""
     estimate, report = preview(ctx, source, planner_config(ctx), workers, rate)
     return {**estimate.to_dict(), "invalid_lines": report.lines - report.valid, "ok": report.ok,
-            "errors": [e.to_dict() for e in report.errors]}
+            "errors": [e.to_dict() for e in report.errors],  # each fails the batch
+            "request_errors": [e.to_dict() for e in report.request_errors]}  # each fails its request alone
 
 
 def estimate_file(ctx: AppContext, input_key: str, workers: list[WorkerState]) -> dict:

@@ -1,18 +1,21 @@
-"""Anthropic's Message Batches: a create body, checked whole as Anthropic does and turned into our own chat input
-lines (so the job system underneath is the one for every batch), and a result as Anthropic's (a Message, or why
-there is none)."""
+"""Anthropic's Message Batches: a create body, its requests checked as Anthropic checks them at create (each a
+custom_id and a params object) and stored as our input lines of url /v1/messages with the params as they came (so the
+job system underneath is the one for every batch); the params are checked later, at validation, each request failing
+alone (Anthropic's split: an `errored` result), as a Params body. A result as Anthropic's (a Message, or why there is
+none)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic_core import PydanticCustomError
 
+from batchinfer.engine.types import SamplingParams
 from batchinfer.errors import InvalidRequest, shown
-from batchinfer.jobs.endpoints.chat import CHAT_URL
 from batchinfer.jobs.endpoints.fields import MAX_STOP, MaxTokens, NonEmptyText, Number, Text
 
-MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint column of a job made through the Message Batches API
+MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint of a job made through the Message Batches API, and its lines' url
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # Anthropic's rule
 
 
@@ -35,46 +38,64 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
 
 
-class Params(BaseModel):
-    """The Messages API fields we serve; any other (tools, thinking, images...) is refused by name."""
+def _ends_with_user(messages: list[Message]) -> list[Message]:
+    if messages[-1].role != "user":
+        raise PydanticCustomError("invalid_field", "the last message must be a user message (assistant prefill is not "
+                                  "supported)")
+    return messages
 
+
+class Params(BaseModel):
+    """A request's params, as a line's body (kinds.BODIES[MESSAGES_ENDPOINT]): the Messages API fields we serve; any
+    other (tools, thinking, images...) is refused by name, as that request's error."""
+
+    PROMPT_FIELD: ClassVar[str] = "messages"
     model_config = ConfigDict(extra="forbid")
 
-    model: NonEmptyText
-    max_tokens: MaxTokens
-    messages: Annotated[list[Message], Field(min_length=1)]
-    system: Text | list[TextBlock] | None = None
-    temperature: Annotated[Number, Field(ge=0, le=1)] | None = None
-    top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
-    stop_sequences: Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = None
+    model: NonEmptyText = Field(description="a model id")
+    max_tokens: MaxTokens = Field(description="an integer >= 1")
+    messages: Annotated[list[Message], Field(min_length=1), AfterValidator(_ends_with_user)] = Field(
+        description="a non-empty array of messages")
+    system: Text | list[TextBlock] | None = Field(None, description="a string or a list of text blocks")
+    temperature: Annotated[Number, Field(ge=0, le=1)] | None = Field(None, description="a number in [0, 1]")
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = Field(None, description="a number in (0, 1]")
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = Field(None, description="an integer >= 0")
+    stop_sequences: Annotated[list[NonEmptyText], Field(max_length=MAX_STOP)] | None = Field(
+        None, description=f"a list of up to {MAX_STOP} non-empty strings")
     metadata: dict[str, Any] | None = None  # accepted and not used (user_id)
     stream: Literal[False] | None = None  # a batch result is never streamed
 
-    @model_validator(mode="after")
-    def _no_prefill(self) -> Params:
-        if self.messages[-1].role != "user":
-            raise ValueError("the last message must be a user message (assistant prefill is not supported)")
-        return self
-
-    def chat_body(self) -> dict[str, Any]:
+    def prompt_text(self, tokenizer) -> str:
         system = self.system if isinstance(self.system, str) or self.system is None else "".join(
             b.text for b in self.system)
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": m.role, "content": m.text} for m in self.messages]
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens}
-        for ours, value in (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k),
-                            ("stop", self.stop_sequences)):
-            if value is not None:
-                body[ours] = value
-        return body
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
+        """defaults: the checkpoint's generation_config.json sampling for what the request leaves unset."""
+        d = defaults or {}
+        return SamplingParams(max_tokens=self.max_tokens,
+                              temperature=float(d.get("temperature", 1.0) if self.temperature is None else self.temperature),
+                              top_p=float(d.get("top_p", 1.0) if self.top_p is None else self.top_p),
+                              top_k=d.get("top_k", 0) if self.top_k is None else self.top_k,
+                              repetition_penalty=float(d.get("repetition_penalty", 1.0)),
+                              stop=tuple(self.stop_sequences or ()))
+
+    def constraint(self) -> None:
+        return None
+
+    def constraints_given(self) -> list[str]:
+        return []
 
 
 class BatchRequest(BaseModel):
+    """What create checks of a request (Anthropic's split): its custom_id, and params an object."""
+
     model_config = ConfigDict(extra="forbid")
 
     custom_id: Annotated[str, Field(pattern=CUSTOM_ID_PATTERN, strict=True)]
-    params: Params
+    params: dict[str, Any]
 
 
 class CreateBody(BaseModel):
@@ -125,8 +146,8 @@ def _loc(loc: tuple) -> tuple:
 
 
 def input_lines(body: CreateBody) -> bytes:
-    """Our OpenAI-shaped chat lines, one per request, in order."""
-    lines = [json.dumps({"custom_id": r.custom_id, "method": "POST", "url": CHAT_URL, "body": r.params.chat_body()},
+    """Our input lines, one per request, in order: the params as they came, checked at validation."""
+    lines = [json.dumps({"custom_id": r.custom_id, "method": "POST", "url": MESSAGES_ENDPOINT, "body": r.params},
                         ensure_ascii=False, separators=(",", ":")) for r in body.requests]
     return ("\n".join(lines) + "\n").encode()
 
@@ -139,10 +160,10 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
 
 def result(entry: dict) -> dict:
-    """An output or error line of ours as an Anthropic result."""
-    if entry.get("response"):
+    """An output or error line of ours as an Anthropic result (a refused body has a response too: its 400)."""
+    error = entry.get("error")
+    if not error:
         return {"type": "succeeded", "message": message(entry["response"]["body"])}
-    error = entry["error"]
     if error["code"] in UNFINISHED:
         return {"type": UNFINISHED[error["code"]]}
     return errored(ERROR_TYPES.get(error["code"], "invalid_request_error"), f"{error['code']}: {error['message']}")

@@ -39,7 +39,7 @@ class InputLine(BaseModel):
     @classmethod
     def _served(cls, url: str) -> str:
         if url not in kinds.BODIES:
-            raise ValueError("not an endpoint served here")
+            raise PydanticCustomError("invalid_url", "not an endpoint served here")
         return url
 
 
@@ -64,9 +64,17 @@ def output_line(job_id: str, index: int, custom_id: str, url: str, model: str, r
 
 
 def error_line(job_id: str, index: int | None, custom_id: str | None, code: str, message: str,
-               line: int | None = None, param: str | None = None) -> dict:
+               line: int | None = None, param: str | None = None, status: int | None = None) -> dict:
+    """A request without a result. status 400: a body the endpoint refuses, answered as the endpoint itself would
+    (`response.status_code` 400 and OpenAI's error body, param named as the endpoint names it); `error` repeats
+    it with the line, so a client reading either finds it."""
     rid = request_id(job_id, index if index is not None else -(line or 0))
-    return {"id": f"batch_req_{rid}", "custom_id": custom_id, "response": None,
+    response = None
+    if status is not None:
+        body_param = param.removeprefix("body.") if param else None
+        response = {"status_code": status, "request_id": rid, "body": {"error": {
+            "message": message, "type": "invalid_request_error", "param": body_param, "code": code}}}
+    return {"id": f"batch_req_{rid}", "custom_id": custom_id, "response": response,
             "error": {"code": code, "message": message, "line": line, "param": param}, "metrics": None}
 
 

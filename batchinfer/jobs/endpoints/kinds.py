@@ -3,20 +3,29 @@ from __future__ import annotations
 
 from typing import Callable
 
-from batchinfer.jobs.endpoints import chat, completions, embeddings, responses
+from batchinfer.jobs.endpoints import anthropic, chat, completions, embeddings, responses
 
-Body = chat.ChatBody | completions.CompletionBody | responses.ResponsesBody | embeddings.EmbeddingsBody
+Body = (chat.ChatBody | completions.CompletionBody | responses.ResponsesBody | embeddings.EmbeddingsBody
+        | anthropic.Params)
+# /v1/messages: the lines of a Message Batch (its params as they came), only in such a batch (intake.lines)
 BODIES: dict[str, type[Body]] = {chat.CHAT_URL: chat.ChatBody, completions.COMPLETIONS_URL: completions.CompletionBody,
                                  responses.RESPONSES_URL: responses.ResponsesBody,
-                                 embeddings.EMBEDDINGS_URL: embeddings.EmbeddingsBody}
+                                 embeddings.EMBEDDINGS_URL: embeddings.EmbeddingsBody,
+                                 anthropic.MESSAGES_ENDPOINT: anthropic.Params}
 URLS = tuple(BODIES)
-# a field's rule comes from the last model that names it (line_problems.RULES): none of these disagree
-MODELS = (chat.ChatMessage, chat.ChatBody, completions.CompletionBody, responses.InputText, responses.InputMessage,
-          responses.ResponsesBody, embeddings.EmbeddingsBody)
+KIND_NAMES = {chat.CHAT_URL: "Chat Completions", completions.COMPLETIONS_URL: "Completions",
+              responses.RESPONSES_URL: "Responses", embeddings.EMBEDDINGS_URL: "Embeddings",
+              anthropic.MESSAGES_ENDPOINT: "Messages"}  # as OpenAI's messages name them
+# a field's rule comes from the last model that names it (line_problems.RULES); Anthropic's first, so that the fields
+# it shares with OpenAI's bodies take theirs (a body's own top-level fields take its own rule)
+MODELS = (anthropic.TextBlock, anthropic.Message, anthropic.Params, chat.ChatMessage, chat.ChatBody,
+          completions.CompletionBody, responses.InputText, responses.InputMessage, responses.ResponsesBody,
+          embeddings.EmbeddingsBody)
 ResultBody = Callable[..., dict]  # (request id, model, result, echo) -> body
 _RESULT_BODIES: dict[str, ResultBody] = {chat.CHAT_URL: chat.result_body,
                                          completions.COMPLETIONS_URL: completions.result_body,
-                                         responses.RESPONSES_URL: responses.result_body}
+                                         responses.RESPONSES_URL: responses.result_body,
+                                         anthropic.MESSAGES_ENDPOINT: chat.result_body}  # a Message at results time
 
 
 def result_body(url: str, rid: str, model: str, results: list, echo: dict | None = None) -> dict:

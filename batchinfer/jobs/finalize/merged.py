@@ -35,7 +35,7 @@ def family(ctx: AppContext, job: Job) -> list[Job]:
 def merged_lines(ctx: AppContext, job: Job) -> Iterator[bytes]:
     """The job's file with its retries'; raises at once (not at the first line) when the job is still running."""
     if job.status not in JobStatus.TERMINAL:
-        raise BatchInferError(f"job {job.id} is {job.status}; its results are ready when it is completed")
+        raise BatchInferError(f"batch {job.id} is {job.status}; its results are ready when it has ended")
     return _merged(ctx, job)
 
 

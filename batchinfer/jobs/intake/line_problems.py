@@ -1,4 +1,5 @@
-"""Pydantic's errors on an input line, translated into the problems validation reports: code, param, message."""
+"""Pydantic's errors on an input line, translated into the problems validation reports: code, param, message, in
+OpenAI's codes and wording (batchinfer.error_codes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,14 +8,17 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from batchinfer import error_codes as E
 from batchinfer.errors import shown
 from batchinfer.jobs.endpoints.batch_line import InputLine
-from batchinfer.jobs.endpoints.kinds import MODELS
+from batchinfer.jobs.endpoints.kinds import MODELS, URLS
 
-# pydantic's error type -> our code (our own validators raise with our code as the type); else FIELD_CODES
-ERROR_CODES = {"missing": "missing_field", "invalid_field": "invalid_field"}
-FIELD_CODES = {"url": "unsupported_url"}  # any other field that is wrong is an invalid_field
-OBJECT_TYPES = ("model_type", "model_attributes_type", "dict_type")
+# pydantic's type errors -> the JSON type OpenAI's "Invalid type" message expects
+EXPECTED_TYPES = {"string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
+                  "float_type": "a number", "bool_type": "a boolean", "list_type": "an array", "dict_type": "an object",
+                  "model_type": "an object", "model_attributes_type": "an object"}
+BOUNDS = {"greater_than_equal": ("below_min", ">=", "ge"), "greater_than": ("below_min", ">", "gt"),
+          "less_than_equal": ("above_max", "<=", "le"), "less_than": ("above_max", "<", "lt")}
 RULES = {name: info.description for model in (InputLine, *MODELS) for name, info in model.model_fields.items()}
 
 
@@ -35,7 +39,7 @@ def problems(exc: ValidationError, data: Any, prefix: str = "", model: type[Base
 def first(found: list[Problem]) -> Problem:
     """The one problem reported for an object's fields: objects in order, a missing field before a bad value."""
     parents = list(dict.fromkeys(p.path[:-1] for p in found))
-    return min(found, key=lambda p: (parents.index(p.path[:-1]), p.code != "missing_field"))
+    return min(found, key=lambda p: (parents.index(p.path[:-1]), p.code != "missing_required_parameter"))
 
 
 def one_per_param(found: list[Problem]) -> list[Problem]:
@@ -53,17 +57,58 @@ def _problem(error: ErrorDetails, data: Any, prefix: str, own: dict[str, str | N
     kind = error["type"]
     if len(path) < len(error["loc"]):  # under a union member: the field's own value is wrong, whatever the member said
         kind = "union"
-    code = ERROR_CODES.get(kind) or FIELD_CODES.get(field, "invalid_field")
-    if kind == "missing":
-        message = f"missing field '{param}'"
-    elif kind in OBJECT_TYPES:
-        message = f"{param} must be an object"
-    elif kind in ERROR_CODES:
-        message = f"{param} {error['msg']}, got {shown(_value_at(data, path))}"
-    else:
-        rule = own.get(field) if len(path) == 1 else None
-        message = f"{param} must be {rule or RULES.get(field) or error['msg']}, got {shown(_value_at(data, path))}"
+    value = None if kind == "missing" else _value_at(data, path)
+    rule = (own.get(field) if len(path) == 1 else None) or RULES.get(field) or error["msg"]
+    code, message = _openai(kind, param.removeprefix("body."), error, value, rule)
     return Problem(code, param, message, path)
+
+
+def openai_problem(error: ErrorDetails, named: str, value: Any) -> tuple[str, str]:
+    """OpenAI's code and wording for one of pydantic's errors on a request of the API itself."""
+    return _openai(error["type"], named, error, value, error["msg"])
+
+
+def _openai(kind: str, named: str, error: ErrorDetails, value: Any, rule: str) -> tuple[str, str]:
+    """OpenAI's code and wording for one of pydantic's errors; `named` is the field as the endpoint itself names it
+    (`messages[0].role`, without the line's `body.`)."""
+    ctx = error.get("ctx") or {}
+    if kind == "missing":
+        return E.code("missing_required_parameter"), E.missing(named)
+    if kind in EXPECTED_TYPES:
+        return E.code("invalid_type"), E.invalid_type(named, EXPECTED_TYPES[kind], value)
+    if kind == "none_required":
+        return E.code("unsupported_parameter"), f"Unsupported parameter: {named!r} is not supported by this server."
+    if kind == "extra_forbidden":  # a field Anthropic's params have and we do not serve (tools, thinking...)
+        return E.code("unsupported_parameter"), f"Unsupported parameter: {named!r} is not supported by this server."
+    if kind in BOUNDS:
+        side, op, key = BOUNDS[kind]
+        number = "decimal" if isinstance(ctx.get(key), float) else "integer"  # the field's kind, as its bound is
+        word = "below minimum" if side == "below_min" else "above maximum"
+        return (E.code(f"{number}_{side}_value"), f"Invalid {named!r}: {number} {word} value. Expected a value "
+                f"{op} {ctx.get(key)}, but got {shown(value)} instead.")
+    if kind in ("string_too_short", "too_short") and value == "":  # too_short: a length rule after our validator
+        return E.code("empty_string"), (f"Invalid {named!r}: empty string. Expected a string with minimum length "
+                                        f"{ctx.get('min_length')}, but got an empty string instead.")
+    if kind == "string_too_long" or (kind == "too_long" and isinstance(value, str)):
+        return E.code("string_above_max_length"), (f"Invalid {named!r}: string too long. Expected a string with maximum "
+                                                   f"length {ctx.get('max_length')}, but got a string with length "
+                                                   f"{len(value)} instead.")
+    if kind == "too_short" and value == []:
+        return E.code("empty_array"), (f"Invalid {named!r}: empty array. Expected an array with minimum length "
+                                       f"{ctx.get('min_length')}, but got an empty array instead.")
+    if kind == "too_long" and isinstance(value, list):
+        return E.code("array_above_max_length"), (f"Invalid {named!r}: array too long. Expected an array with maximum "
+                                                  f"length {ctx.get('max_length')}, but got an array with length "
+                                                  f"{len(value)} instead.")
+    if kind == "literal_error":
+        return E.code("invalid_value"), f"Invalid value: {shown(value)}. Supported values are: {ctx.get('expected')}."
+    if kind == "invalid_url":  # our own validator: not an endpoint served here
+        return E.code("invalid_url"), (f"The URL provided for this request is not supported: {shown(value)}. Supported "
+                                       f"values are: {E.listed(list(URLS))}.")
+    if kind in ("invalid_field", "value_error"):  # our own validators' rules: the message says it
+        reason = error["msg"].removeprefix("Value error, ")
+        return E.code("invalid_value"), f"Invalid value for {named!r}: {reason} (got {shown(value)})."
+    return E.code("invalid_value"), f"Invalid value for {named!r}: expected {rule}, but got {shown(value)}."
 
 
 def _path(loc: tuple) -> tuple[str | int, ...]:

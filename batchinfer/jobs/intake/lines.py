@@ -1,8 +1,11 @@
 """Streaming validation of an OpenAI Batch input file.
 
 Every line is checked (nothing runs before the whole file has been read); each problem is reported with
-its line number, a code and the field. Valid lines are tokenized here with the model's chat template, so
-the token ids travel with the job and workers never re-tokenize.
+its line number, a code and the field, in OpenAI's codes (batchinfer.error_codes). OpenAI's split: a problem of
+the file or of a line's envelope (JSON, custom_id, method, url, the body's model, stream and prompt field) fails
+the batch; a body the endpoint refuses is that request's own 400 while the rest runs (LineError.per_request),
+unless the limits are strict. Valid lines are tokenized here with the model's chat template, so the token ids
+travel with the job and workers never re-tokenize.
 """
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ from typing import BinaryIO, Callable, Iterable, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
+from batchinfer import error_codes as E
 from batchinfer.errors import excerpt, shown
+from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT, Params
 from batchinfer.jobs.endpoints.batch_line import InputLine
 from batchinfer.jobs.endpoints.embeddings import EMBEDDINGS_URL, EmbeddingsBody
-from batchinfer.jobs.endpoints.kinds import BODIES, Body
+from batchinfer.jobs.endpoints.kinds import BODIES, Body, KIND_NAMES
 from batchinfer.jobs.endpoints.responses import ResponsesBody
 from batchinfer.jobs.endpoints.sampling import Sampling
 from batchinfer.jobs.intake.line_problems import Problem, first, one_per_param, problems
@@ -24,9 +29,7 @@ from batchinfer.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 
-CODES = ("invalid_json_line", "invalid_utf8", "not_an_object", "missing_field", "invalid_field",
-         "duplicate_custom_id", "unsupported_url", "model_not_found", "empty_file", "too_many_requests",
-         "line_too_long", "file_too_large", "context_length_exceeded", "mismatched_model")
+CODES = E.BATCH_CODES + E.REQUEST_CODES  # every code validation may report
 
 
 @dataclass
@@ -56,6 +59,8 @@ class ValidationLimits:
     endpoint: str | None = None  # the batch's (None: a file submitted without one)
     served_models: tuple[str, ...] = ()  # every model the fleet serves, for the errors of lines naming another
     sampling_defaults: dict = field(default_factory=dict)  # the checkpoint's generation_config.json defaults
+    model_served: bool = True  # False: nobody serves model_id (lines are checked on another model's tokenizer)
+    strict: bool = False  # every problem fails the batch, a refused body too (the CLI's --strict)
 
 
 def _read_lines(stream: BinaryIO, limits: ValidationLimits, report: ValidationReport, on_error):
@@ -75,11 +80,11 @@ def _read_lines(stream: BinaryIO, limits: ValidationLimits, report: ValidationRe
                 break
         if total > limits.max_file_bytes:
             report.file_error = True
-            on_error(LineError(number, "file_too_large", f"the file is over {limits.max_file_bytes} bytes"))
+            on_error(LineError(number, E.code("file_too_large"), f"The file is over {limits.max_file_bytes} bytes."))
             return
         if too_long:
             report.lines += 1
-            on_error(LineError(number, "line_too_long", f"the line is over {limits.max_line_bytes} bytes"))
+            on_error(LineError(number, E.code("line_too_long"), f"The line is over {limits.max_line_bytes} bytes."))
             continue
         if raw.strip():
             yield number, raw
@@ -96,9 +101,8 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
     chunk: list[tuple[int, bytes]] = []
 
     def record(error: LineError) -> None:
-        report.error_count += 1
-        if len(report.errors) < limits.max_errors_kept:
-            report.errors.append(error)
+        _count_extra(report, error, limits)
+        report.refused += error.per_request
         if on_invalid and error.line is not None and not report.file_error:
             on_invalid(error)
 
@@ -123,7 +127,7 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
         if report.lines > limits.max_requests:
             flush()
             report.file_error = True
-            record(LineError(number, "too_many_requests", f"the file has more than {limits.max_requests} requests"))
+            record(LineError(number, E.code("too_many_requests"), f"The file has more than {limits.max_requests} requests."))
             break
         chunk.append((number, raw))
         if len(chunk) >= CHUNK_LINES:
@@ -131,27 +135,35 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
     flush()
     if report.lines == 0 and not report.file_error:
         report.file_error = True
-        record(LineError(None, "empty_file", "the file has no requests"))
+        record(LineError(None, E.code("empty_file"), "The batch input file is empty: it holds no request."))
     return report
 
 
 def not_served(model, served: Iterable[str]) -> str:
     """The one line a batch (or a line) naming a model nobody serves fails with: the served ones listed."""
     names = ", ".join(repr(m) for m in served) or "none"
-    return f"model {shown(model)} is not served here (served: {names})"
+    return f"{E.model_unsupported(shown(model))[:-1]} (served here: {names})."
 
 
 def unserved_model_report(model, served: Iterable[str]) -> ValidationReport:
-    """A batch whose model nobody serves fails whole (skip_invalid or not): no line of it could run."""
-    error = LineError(None, "model_not_found", not_served(model, served), "body.model")
+    """A batch whose model nobody serves, where no model at all is served to check its lines with: it fails whole."""
+    error = LineError(None, E.code("model_not_found"), not_served(model, served), "body.model")
     return ValidationReport(error_count=1, errors=[error], file_error=True)
 
 
-def _other_model(model, limits: ValidationLimits, custom_id) -> tuple[str, str, str, str | None]:
-    if model in limits.served_models:
-        return ("mismatched_model", f"every line of a batch names the same model: this one names {shown(model)}, "
-                f"the batch {limits.model_id!r}", "body.model", custom_id)
-    return "model_not_found", not_served(model, limits.served_models or [limits.model_id]), "body.model", custom_id
+def _line_model(body: dict, limits: ValidationLimits, custom_id) -> str:
+    """The model a line names, checked: the API's batches need it (as OpenAI's); a file from the CLI may leave it out
+    (the batch's). Every line of a batch names the batch's model, and a served one."""
+    if "model" not in body and limits.endpoint is not None:
+        raise _Rejected(("invalid_request", E.parameter_required("model"), "body.model", custom_id))
+    model = body.get("model", limits.model_id)
+    if model == limits.model_id and limits.model_served:
+        return model
+    if model != limits.model_id and model in limits.served_models:
+        raise _Rejected(("mismatched_model", f"The provided model {shown(model)} is not the batch's model "
+                         f"{limits.model_id!r}: every request of a batch names the same model.", "body.model", custom_id))
+    served = limits.served_models or ((limits.model_id,) if limits.model_served else ())
+    raise _Rejected(("model_not_found", not_served(model, served), "body.model", custom_id))
 
 
 def first_named_model(stream: BinaryIO, max_line_bytes: int) -> str | None:
@@ -189,18 +201,29 @@ class _Replay:
 
 
 def _count_extra(report: ValidationReport, error: LineError, limits: ValidationLimits) -> None:
-    """A second problem on the same line is reported but produces no extra error-file line."""
+    """A problem counted and kept (the first max_errors_kept); a second one on the same line is reported this way
+    too, but produces no extra error-file line. Strict limits make a refused body fail the batch."""
+    error.per_request = error.per_request and not limits.strict
+    if error.per_request:
+        if len(report.request_errors) < limits.max_errors_kept:
+            report.request_errors.append(error)
+        return
     report.error_count += 1
     if len(report.errors) < limits.max_errors_kept:
         report.errors.append(error)
 
 
 class _Rejected(Exception):
-    """A line's problems as (code, message, param, custom_id): the first one goes to the error file."""
+    """A line's problems as (code, message, param, custom_id): the first one goes to the error file. per_request: a
+    body the endpoint refuses (the request's own 400), else a problem that fails the batch."""
 
-    def __init__(self, *problems: tuple[str, str, str | None, str | None]):
+    def __init__(self, *problems: tuple[str, str, str | None, str | None], per_request: bool = False):
         super().__init__(problems[0][1])
         self.problems = problems
+        self.per_request = per_request
+
+    def errors(self, number: int) -> list[LineError]:
+        return [LineError(number, *problem, per_request=self.per_request) for problem in self.problems]
 
 
 @dataclass
@@ -225,7 +248,7 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
         try:
             parsed.append(_parse_line(number, raw, tokenizer, limits, seen_ids))
         except _Rejected as rejected:
-            parsed.append([LineError(number, *problem) for problem in rejected.problems])
+            parsed.append(rejected.errors(number))
     texts = [p.text for p in parsed if isinstance(p, _Parsed)]
     encoded = iter(_encode_batch(tokenizer, texts))
     results: list[tuple[list[LineError], ValidLine | None]] = []
@@ -240,7 +263,7 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
             try:
                 prepared = _prepare(p, next(encoded), index, tokenizer, limits)
             except _Rejected as rejected:
-                results.append(([LineError(p.number, *problem) for problem in rejected.problems], None))
+                results.append((rejected.errors(p.number), None))
                 continue
         prepared.request.index = index
         index += 1
@@ -259,12 +282,12 @@ def _encode_batch(tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[str]) -> _Parsed | ValidLine:
-    """Every check but those that need the token ids; an embeddings line is done here (index set by the caller)."""
+    """Every check but those that need the token ids; an embeddings line is done here (index set by the caller).
+    The envelope's checks first (each fails the batch), then the body's (each fails the request alone)."""
     line, custom_id = _envelope(_decode(raw), seen_ids)
-    model = line.body.get("model", limits.model_id)
-    if model != limits.model_id:
-        raise _Rejected(_other_model(model, limits, custom_id))
     _check_endpoint(line.url, limits.endpoint, custom_id)
+    model = _line_model(line.body, limits, custom_id)
+    _check_envelope_of_body(line, custom_id)
     body = _body(line, custom_id)
     if isinstance(body, EmbeddingsBody):
         return _prepare_embedding(0, number, custom_id, line.url, model, body, tokenizer, limits)
@@ -276,9 +299,10 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
     sampling = body.params(limits.default_max_tokens, limits.sampling_defaults)
     needed = len(prompt_ids) + sampling.max_tokens
     if needed > limits.max_model_len:
-        raise _Rejected(("context_length_exceeded",
-                         f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) = {needed} "
-                         f"is over the model's context of {limits.max_model_len} tokens", "body.max_tokens", custom_id))
+        prompt_field = type(body).PROMPT_FIELD
+        raise _Rejected(("context_length_exceeded", E.context_exceeded(limits.max_model_len, len(prompt_ids),
+                                                                        sampling.max_tokens, prompt_field),
+                         f"body.{prompt_field}", custom_id), per_request=True)
     echo = body.echo() if isinstance(body, ResponsesBody) else None
     _check_token_ids(sampling, len(tokenizer), custom_id)
     if not isinstance(body, EmbeddingsBody):  # embeddings lines are prepared apart and take no constraint
@@ -287,10 +311,21 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
 
 
 def _check_endpoint(url: str, endpoint: str | None, custom_id: str) -> None:
-    """An embeddings batch holds only embedding lines, and embedding lines only go in one (as OpenAI requires)."""
-    if endpoint is not None and (url == EMBEDDINGS_URL) != (endpoint == EMBEDDINGS_URL):
-        raise _Rejected(("unsupported_url", f"a line for {url} cannot be in a batch whose endpoint is {endpoint}",
+    """An embeddings batch holds only embedding lines, and embedding lines only go in one (as OpenAI requires); the
+    generating endpoints may share a batch (ours: docs/endpoints.md). A Message Batch's lines go only in one."""
+    if ((endpoint is not None and (url == EMBEDDINGS_URL) != (endpoint == EMBEDDINGS_URL))
+            or (url == MESSAGES_ENDPOINT) != (endpoint == MESSAGES_ENDPOINT)):
+        raise _Rejected(("invalid_url", f"{E.URL_MISMATCH[:-1]} ({url} in a batch whose endpoint is {endpoint}).",
                          "url", custom_id))
+
+
+def _check_envelope_of_body(line: InputLine, custom_id: str) -> None:
+    """What OpenAI checks of a body at validation (a problem fails the batch): no stream, and the prompt field."""
+    if line.body.get("stream") is True:
+        raise _Rejected(("streaming_unsupported", E.streaming_unsupported(KIND_NAMES[line.url]), "body.stream", custom_id))
+    prompt_field = BODIES[line.url].PROMPT_FIELD
+    if prompt_field not in line.body:
+        raise _Rejected(("invalid_request", E.parameter_required(prompt_field), f"body.{prompt_field}", custom_id))
 
 
 def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBody, tokenizer,
@@ -299,23 +334,25 @@ def _prepare_embedding(index, number, custom_id, url, model, body: EmbeddingsBod
     vocab = len(tokenizer)
     for k, ids in enumerate(inputs):
         if not ids:
-            raise _Rejected(("invalid_field", f"body.input: input {k} has no tokens", "body.input", custom_id))
+            raise _Rejected(("invalid_value", f"Invalid value for 'input': input {k} has no tokens.", "body.input",
+                             custom_id), per_request=True)
         if max(ids) >= vocab:
-            raise _Rejected(("invalid_field", f"body.input: input {k} holds token id {max(ids)}, not in the "
-                             f"vocabulary of {vocab}", "body.input", custom_id))
+            raise _Rejected(("invalid_value", f"Invalid value for 'input': input {k} holds token id {max(ids)}, not in "
+                             f"the vocabulary of {vocab}.", "body.input", custom_id), per_request=True)
         if len(ids) >= limits.max_model_len:
-            raise _Rejected(("context_length_exceeded", f"input {k} ({len(ids)} tokens) is over the model's "
-                             f"context of {limits.max_model_len} tokens", "body.input", custom_id))
+            raise _Rejected(("context_length_exceeded", f"This model's maximum context length is {limits.max_model_len} "
+                             f"tokens. However, input {k} has {len(ids)} tokens. Please reduce the length of the input.",
+                             "body.input", custom_id), per_request=True)
     return ValidLine(number, custom_id, PreparedRequest(index, url, model, inputs[0],
                                                         body.params(limits.default_max_tokens), body.echo(inputs)))
 
 
-def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:
+def _check_constraint(body: Sampling | ResponsesBody | Params, custom_id: str) -> None:
     """At most one output constraint, and one the grammar library can compile (found here, at submit time)."""
     given = body.constraints_given()
     if len(given) > 1:
-        raise _Rejected(("invalid_field", f"body.{given[1]} cannot be combined with body.{given[0]}",
-                         f"body.{given[1]}", custom_id))
+        raise _Rejected(("invalid_value", f"Invalid value for {given[1]!r}: it cannot be combined with {given[0]!r}.",
+                         f"body.{given[1]}", custom_id), per_request=True)
     constraint = body.constraint()
     if constraint is None:
         return
@@ -323,8 +360,8 @@ def _check_constraint(body: Sampling | ResponsesBody, custom_id: str) -> None:
 
     reason = check_constraint(*constraint)
     if reason is not None:
-        param = f"body.{given[0]}"
-        raise _Rejected(("invalid_field", f"{param} cannot be compiled into a grammar: {excerpt(reason)}", param, custom_id))
+        raise _Rejected(("invalid_value", f"Invalid value for {given[0]!r}: it cannot be compiled into a grammar: "
+                         f"{excerpt(reason)}.", f"body.{given[0]}", custom_id), per_request=True)
 
 
 def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:
@@ -332,24 +369,26 @@ def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:
     for param, ids in (("body.logit_bias", sampling.logit_bias), ("body.stop_token_ids", sampling.stop_token_ids)):
         outside = [t for t in ids if t >= vocab_size]
         if outside:
-            raise _Rejected(("invalid_field", f"{param} names token {outside[0]}, outside the vocabulary "
-                             f"(ids 0 to {vocab_size - 1})", param, custom_id))
+            raise _Rejected(("invalid_value", f"Invalid value for {param.removeprefix('body.')!r}: token {outside[0]} "
+                             f"is outside the vocabulary (ids 0 to {vocab_size - 1}).", param, custom_id), per_request=True)
     if sampling.min_tokens > sampling.max_tokens:
-        raise _Rejected(("invalid_field", f"body.min_tokens ({sampling.min_tokens}) is over max_tokens "
-                         f"({sampling.max_tokens})", "body.min_tokens", custom_id))
+        raise _Rejected(("invalid_value", f"Invalid value for 'min_tokens': {sampling.min_tokens} is over max_tokens "
+                         f"({sampling.max_tokens}).", "body.min_tokens", custom_id), per_request=True)
 
 
 def _decode(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
         obj = json.loads(text)
-    except UnicodeDecodeError as exc:
-        raise _Rejected(("invalid_utf8", f"the line is not valid UTF-8 (byte {exc.start})", None, None)) from None
+    except UnicodeDecodeError as exc:  # JSON is UTF-8: a line that is not cannot be parsed
+        raise _Rejected(("invalid_json_line", E.not_parseable(f"it is not valid UTF-8: byte {exc.start}"), None,
+                         None)) from None
     except (ValueError, RecursionError) as exc:  # ValueError also covers an integer of over 4300 digits
         reason = _json_position(exc, text) if isinstance(exc, json.JSONDecodeError) else _json_limit(exc)
-        raise _Rejected(("invalid_json_line", f"the line is not valid JSON: {reason}", None, None)) from None
+        raise _Rejected(("invalid_json_line", E.not_parseable(reason), None, None)) from None
     if not isinstance(obj, dict):
-        raise _Rejected(("not_an_object", f"the line is a JSON {type(obj).__name__}, not an object", None, None))
+        raise _Rejected(("invalid_request", f"Each line must be a JSON object; this line is {E.json_type(obj)}.",
+                         None, None))
     return obj
 
 
@@ -370,11 +409,11 @@ def _envelope(obj: dict, seen_ids: set[str]) -> tuple[InputLine, str]:
     line, found = _parse(InputLine, obj)
     problem = first(found) if found else None
     custom_id = obj.get("custom_id") if not any(p.path[:1] == ("custom_id",) for p in found) else None
-    if problem and (problem.code == "missing_field" or problem.path == ("custom_id",)):
+    if problem and (problem.code == "missing_required_parameter" or problem.path == ("custom_id",)):
         raise _Rejected((problem.code, problem.message, problem.param, custom_id))
     if custom_id in seen_ids:
-        raise _Rejected(("duplicate_custom_id", f"custom_id {shown(custom_id)} appears more than once", "custom_id",
-                         custom_id))
+        raise _Rejected(("duplicate_custom_id", f"{E.DUPLICATE_CUSTOM_ID} {shown(custom_id)} is used by an earlier line.",
+                         "custom_id", custom_id))
     seen_ids.add(custom_id)
     if problem:
         raise _Rejected((problem.code, problem.message, problem.param, custom_id))
@@ -389,7 +428,7 @@ def _body(line: InputLine, custom_id: str) -> Body:
         prompt = [p for p in found if p.path[:1] == (model.PROMPT_FIELD,)]
         rest = [p for p in found if p.path[:1] != (model.PROMPT_FIELD,)]
         reported = ([first(prompt)] if prompt else []) + one_per_param(rest)
-        raise _Rejected(*[(p.code, p.message, p.param, custom_id) for p in reported])
+        raise _Rejected(*[(p.code, p.message, p.param, custom_id) for p in reported], per_request=True)
     return body
 
 

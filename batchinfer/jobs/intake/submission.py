@@ -11,8 +11,10 @@ from sqlalchemy import func, select
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
+from batchinfer.error_codes import invalid_type
 from batchinfer.errors import BatchInferError, InvalidRequest, TooManyActive, excerpt, shown
 from batchinfer.jobs import record_store
+from batchinfer.jobs.idempotency import Claim
 from batchinfer.jobs.endpoints.fields import MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE
 from batchinfer.jobs.intake.lines import not_served
 from batchinfer.jobs.served_models import served_models
@@ -30,10 +32,16 @@ def new_job_id() -> str:
 
 def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: str | None = None, filename: str = "",
                model: str | None = None, metadata: dict | None = None, completion_window: str | None = None,
-               skip_invalid: bool = False, priority: int = 0, now: float | None = None, **fields) -> Job:
+               skip_invalid: bool = False, strict: bool = False, priority: int = 0, now: float | None = None,
+               idempotency: Claim | None = None, **fields) -> Job:
     """A job row in `validating`. Its input is `input_key` when already stored (an uploaded file, not copied),
     else `source`, streamed to the job's own input key. `fields` are further Job columns (owner_id, ...).
+    idempotency: the key the job is made under (committed with it; a concurrent create under the same key makes
+    this one fail with IntegrityError, jobs.idempotency).
     If storing `source` fails, the job is failed at once naming the cause, and the error is raised."""
+    if skip_invalid and strict:
+        raise InvalidRequest("skip_invalid and strict cannot both be set: the one runs the valid lines of a file "
+                             "with bad ones, the other runs nothing of it.", code="invalid_value", param="strict")
     model = check_model(ctx, model)
     window = completion_window_s(ctx, completion_window)
     metadata = check_metadata(ctx, metadata)
@@ -41,10 +49,10 @@ def create_job(ctx: AppContext, *, source: BinaryIO | None = None, input_key: st
     fields["cache_scope"] = scopes.job_scope(ctx, fields.get("owner_id"))
     now = now or time.time()
     job_id = new_job_id()
-    job = state.create_job(ctx, id=job_id, model=model, input_filename=filename, metadata_=metadata,
-                           skip_invalid=skip_invalid, priority=priority, completion_window_s=window, created_at=now,
-                           expires_at=now + window, input_key=input_key or record_store.job_input(job_id), errors=[],
-                           **fields)
+    job = state.create_job(ctx, idempotency.row(job_id) if idempotency else None, id=job_id, model=model,
+                           input_filename=filename, metadata_=metadata, skip_invalid=skip_invalid, strict=strict,
+                           priority=priority, completion_window_s=window, created_at=now, expires_at=now + window,
+                           input_key=input_key or record_store.job_input(job_id), errors=[], **fields)
     if source is not None:
         _store_input(ctx, job, source)
     return job
@@ -59,7 +67,7 @@ def _store_input(ctx: AppContext, job: Job, source: BinaryIO) -> None:
             state.fail_validation(ctx, job.id, cause)
         except Exception:  # the database is down too: the sweep fails it once validation_stale_s has passed
             pass
-        raise BatchInferError(f"job {job.id}: {cause}") from exc
+        raise BatchInferError(f"batch {job.id}: {cause}") from exc
 
 
 def check_model(ctx: AppContext, model: str | None) -> str:
@@ -68,29 +76,41 @@ def check_model(ctx: AppContext, model: str | None) -> str:
         return ""
     served = served_models(ctx)
     if model not in served:
-        raise InvalidRequest(f"model_not_found: {not_served(model, served)}")
+        raise InvalidRequest(not_served(model, served), code="model_not_found", param="model")
     return model
 
 
 def completion_window_s(ctx: AppContext, window: str | None) -> float:
+    """A window we serve: OpenAI's 24h, or (ours) any duration up to max_completion_window_s; never empty. None:
+    the default (BATCHINFER_COMPLETION_WINDOW)."""
     try:
-        return parse_duration(window or ctx.settings.completion_window, ctx.settings.max_completion_window_s)
-    except ValueError as exc:
-        raise InvalidRequest(f"invalid_completion_window: {exc}") from None
+        return parse_duration(ctx.settings.completion_window if window is None else window,
+                              ctx.settings.max_completion_window_s)
+    except ValueError:
+        longest = ctx.settings.max_completion_window_s
+        # OpenAI's wording; the param and code end it too, as the openai SDK (2.x on) shows only the message
+        raise InvalidRequest(f"Invalid value: {excerpt(repr(window), 40)}. Supported values are: '24h', or a duration of "
+                             f"at most {longest / 86400:g} days such as '30m', '48h' or '2d' (param completion_window, "
+                             "code invalid_value).", code="invalid_value", param="completion_window") from None
 
 
 def check_metadata(ctx: AppContext, metadata: dict | None) -> dict:
     metadata = dict(metadata or {})
     if len(metadata) > MAX_METADATA_PAIRS:
-        raise InvalidRequest(f"invalid_metadata: at most {MAX_METADATA_PAIRS} metadata pairs, got {len(metadata)}")
+        raise InvalidRequest(f"Invalid 'metadata': too many properties. Expected an object with at most "
+                             f"{MAX_METADATA_PAIRS} properties, but got an object with {len(metadata)} properties instead.",
+                             code="invalid_value", param="metadata")
     for key, value in metadata.items():
         if not isinstance(key, str) or not isinstance(value, str):
-            raise InvalidRequest(f"invalid_metadata: metadata keys and values are strings ({shown(key)})")
+            raise InvalidRequest(invalid_type(f"metadata.{key}", "a string", value), code="invalid_type",
+                                 param=f"metadata.{excerpt(str(key), 64)}")
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
-            raise InvalidRequest(f"invalid_metadata: metadata keys are at most {MAX_METADATA_KEY} characters and "
-                                 f"values at most {MAX_METADATA_VALUE} ({shown(key)})")
+            raise InvalidRequest(f"Invalid 'metadata': metadata keys are at most {MAX_METADATA_KEY} characters and "
+                                 f"values at most {MAX_METADATA_VALUE} ({shown(key)}).", code="invalid_value",
+                                 param="metadata")
         if key != webhook_events.METADATA_KEY and (has_control(key) or has_control(value)):  # the URL: check_url below
-            raise InvalidRequest(f"invalid_metadata: metadata keys and values may hold no control characters ({shown(key)})")
+            raise InvalidRequest(f"Invalid 'metadata': metadata keys and values may hold no control characters "
+                                 f"({shown(key)}).", code="invalid_value", param="metadata")
     webhook_url = metadata.get(webhook_events.METADATA_KEY)
     if webhook_url:
         check_url(webhook_url, ctx.settings.webhook_allow_private)

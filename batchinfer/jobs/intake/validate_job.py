@@ -14,7 +14,8 @@ from typing import Callable
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus
-from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line
+from batchinfer.error_codes import batch_not_found
+from batchinfer.errors import BatchInferError, JobNotFound, excerpt, one_line, shown
 from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.jobs.faults import is_transient, service_of
@@ -63,9 +64,10 @@ def _validate_job(ctx: AppContext, job_id: str, on_rows: Callable[[], None] | No
     job = state.finish_validation(ctx, job_id, token, report, _runs(job, report))
     if job.status in (JobStatus.QUEUED, JobStatus.IN_PROGRESS):
         _refresh_statistics(ctx, report.valid)
-    if job.status == JobStatus.IN_PROGRESS or (job.status == JobStatus.QUEUED and ctx.settings.stream_dispatch):
+    if job.status == JobStatus.IN_PROGRESS or (job.status == JobStatus.QUEUED and (ctx.settings.stream_dispatch
+                                                                                   or report.valid == 0)):
         # streamed: its units ran before the queue move, maybe all of them (QUEUED too: a unit that started while
-        # the move held the job row is not seen by it)
+        # the move held the job row is not seen by it); no valid line (every body refused): nothing to run
         try_finalize(ctx, job_id)
     return job
 
@@ -118,7 +120,7 @@ def _get(ctx: AppContext, job_id: str) -> Job:
     with ctx.sessions() as session:
         job = session.get(Job, job_id)
     if job is None:
-        raise JobNotFound(f"no job {job_id!r}")
+        raise JobNotFound(batch_not_found(shown(job_id)))
     return job
 
 
@@ -133,6 +135,21 @@ def validation_limits(s: Settings, max_model_len: int, served: tuple[str, ...] =
                             max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
                             default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept,
                             served_models=served, sampling_defaults=sampling_defaults(s))
+
+
+def checked_with(ctx: AppContext, model: str, served: dict[str, ServedModel]) -> tuple[object, ValidationLimits] | None:
+    """(tokenizer, limits) a file whose batch model is `model` is validated with. A model nobody serves: the lines
+    are checked on a served model's tokenizer (the default's, else the first), each line naming it reported with
+    its line (model_not_found), so the file's other problems are named too; None when no model is served at all."""
+    checked_on = model if model in served else ctx.settings.model_id if ctx.settings.model_id in served else next(
+        iter(served), None)
+    if checked_on is None:
+        return None
+    settings, tokenizer, max_model_len = model_tokenizer(ctx, served[checked_on])
+    limits = validation_limits(settings, max_model_len, tuple(served))
+    if checked_on != model:
+        limits.model_id, limits.model_served = model, False
+    return tokenizer, limits
 
 
 class ModelUnavailable(BatchInferError):
@@ -151,7 +168,7 @@ def model_tokenizer(ctx: AppContext, model: ServedModel):
     try:
         tokenizer, max_model_len = tokenizer_and_context(settings)
     except FileNotFoundError:  # a path only a worker on another machine has: the message names no path
-        where = "its path in BATCHINFER_MODELS" if model.configured else "the path its worker announced"
+        where = "its path in BATCHINFER_MODELS" if model.configured else "the path it is served from"
         raise ModelUnavailable(f"model {model.id!r} is served, but its tokenizer is not readable where this batch "
                                f"is validated ({where} is missing here)") from None
     return settings, tokenizer, max_model_len
@@ -181,15 +198,15 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
             model = ctx.settings.model_id  # Anthropic's requests succeed or fail alone: its line fails, not the batch
         rows = _Rows(ctx, job.id, token, model, on_rows if ctx.settings.stream_dispatch else None)
 
-        def on_invalid(error: LineError) -> None:
-            invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code,
-                                                           error.message, error.line, error.param)))
+        def on_invalid(error: LineError) -> None:  # a refused body: the request's own 400
+            invalid.write(formats.dumps(formats.error_line(job.id, None, error.custom_id, error.code, error.message,
+                                                           error.line, error.param, 400 if error.per_request else None)))
             rows.beat()
 
-        if model in served:
-            settings, tokenizer, max_model_len = model_tokenizer(ctx, served[model])
-            limits = validation_limits(settings, max_model_len, tuple(served))
-            limits.endpoint = job.endpoint
+        checked = checked_with(ctx, model, served)
+        if checked is not None:
+            tokenizer, limits = checked
+            limits.endpoint, limits.strict = job.endpoint, bool(job.strict)
             report = validate_stream(source, tokenizer, limits, rows.add, on_invalid)
         else:
             report = unserved_model_report(model, served)
@@ -260,4 +277,6 @@ class _Rows:
 
 
 def _runs(job: Job, report: ValidationReport) -> bool:
-    return report.valid > 0 and (report.ok or (job.skip_invalid and not report.file_error))
+    """No problem that fails the batch (or skip_invalid, and none of the file), and some request to run or to fail
+    alone (a batch whose every body is refused completes, each request with its 400, as OpenAI's does)."""
+    return (report.valid + report.refused) > 0 and (report.ok or (job.skip_invalid and not report.file_error))

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying, transaction
-from batchinfer.errors import JobConflict, JobNotFound
+from batchinfer.error_codes import batch_not_found, cannot_cancel
+from batchinfer.errors import JobConflict, JobNotFound, shown
 from batchinfer.jobs.state import table as T
 from batchinfer.jobs.state.intake import drop_requests
 from batchinfer.jobs.webhooks.events import record_final
@@ -32,9 +33,11 @@ def cancel(ctx: AppContext, job_id: str, now: float, visible: Callable[[Job], bo
     with transaction(ctx.sessions) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or not visible(job):
-            raise JobNotFound(f"no job {job_id!r}")
+            raise JobNotFound(batch_not_found(shown(job_id)))
+        if job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):  # as OpenAI: cancelling again answers as it is
+            return
         if not T.CANCEL_JOB.allows(job.status):
-            raise JobConflict(f"job {job_id} is already {job.status}")
+            raise JobConflict(cannot_cancel(job.status))
         if job.status == JobStatus.VALIDATING:  # none of it counts, also what streamed units ran
             drop_requests(session, job_id)
             session.refresh(job)
@@ -131,3 +134,15 @@ def finalize_failed(session, job_id: str, claimed: tuple[bool, int], exc: Except
     delay = min(first * 2 ** (attempts - 1), cap)
     job.finalize_after = time.time() + delay
     log.warning("job %s: finalize failed (%s); retry %d in %.0f s", job_id, cause, attempts, delay)
+
+
+def forget_result_file(ctx: AppContext, job_id: str, errors: bool) -> bool:
+    """Its owner deleted an ended job's output (or error) file: the job keeps the file's id, and reading the file
+    says it is gone. True for the one call that marked it."""
+    column = Job.error_deleted_at if errors else Job.output_deleted_at
+
+    def work(session) -> int:
+        return session.execute(update(Job).where(Job.id == job_id, column.is_(None), Job.status.in_(JobStatus.TERMINAL))
+                               .values({column: time.time()})).rowcount
+
+    return bool(retrying(ctx.sessions, work))

@@ -12,7 +12,7 @@ from sqlalchemy import delete, exists, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, Request, WorkUnit
+from batchinfer.db.models import IdempotencyKey, Job, JobStatus, Request, WorkUnit
 from batchinfer.db.session import retrying, transaction
 from batchinfer.errors import excerpt
 from batchinfer.jobs import record_store
@@ -25,11 +25,14 @@ class ValidationSuperseded(Exception):
     """This validation run no longer owns the job: it was cancelled, or another run took it over."""
 
 
-def create_job(ctx: AppContext, **fields) -> Job:
-    """A new job row in `validating` (fields: every other Job column)."""
+def create_job(ctx: AppContext, idempotency_key: IdempotencyKey | None = None, **fields) -> Job:
+    """A new job row in `validating` (fields: every other Job column), with the idempotency key it is made under in
+    the same transaction (a concurrent create under that key fails here with IntegrityError)."""
     job = Job(status=T.CREATE_JOB.next_state, **fields)
     with transaction(ctx.sessions) as session:
         session.add(job)
+        if idempotency_key is not None:
+            session.add(idempotency_key)
     return job
 
 
@@ -151,9 +154,9 @@ def _started(session, job_id: str) -> bool:
     return bool(session.scalar(select(running)))
 
 
-def fail_validation(ctx: AppContext, job_id: str, message: str) -> None:
+def fail_validation(ctx: AppContext, job_id: str, message: str, code: str = "server_error", param: str | None = None) -> None:
     """A `validating` job that can never run fails with `message` (bounded) as its one error."""
-    error = {"code": "server_error", "line": None, "param": None, "message": excerpt(message)}
+    error = {"code": code, "line": None, "param": param, "message": excerpt(message)}
 
     def work(session) -> None:
         session.execute(select(Job.id).where(Job.id == job_id).with_for_update())  # job rows first, as a commit

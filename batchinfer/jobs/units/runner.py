@@ -153,7 +153,7 @@ def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:
         return UnitOutcome(unit_id, committed=False)
     attempt, open_ = found[0] + 1, found[1]
     requests = _load_requests(ctx, unit_id, open_)
-    message = f"the unit failed {attempt - 1} times: {cause}"[:500]
+    message = f"the request failed {attempt - 1} times on the server: {cause}"[:500]
     records = {r.key: _error_record(r, origin, "server_error", message) for r, origin in requests}
     result_key = record_store.store_results(ctx.storage, unit_id, attempt, records)
     outcome = _commit(ctx, unit_id, result_key, records)
