@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from batchinfer.db.models import Job
 from batchinfer.jobs import service
 from batchinfer.jobs.finalize.merged import RETRY_OF
-from batchinfer.jobs.idempotency import IdempotencyConflict
+from batchinfer.errors import JobConflict
 from batchinfer.jobs.retry import create_retry
 from jobfiles import chat_line
 
@@ -61,7 +61,7 @@ def test_a_retry_asking_otherwise_meanwhile_is_a_conflict_and_an_ended_retry_fre
     original = cancelled_batch(ctx)
     first = create_retry(ctx, original)
     assert create_retry(ctx, original).id == first.id
-    with pytest.raises(IdempotencyConflict, match="has a retry that has not ended"):
+    with pytest.raises(JobConflict, match="has a retry that has not ended"):
         create_retry(ctx, original, completion_window="48h")
     assert service.cancel(ctx, first.id).status == "cancelled"
     again = create_retry(ctx, original, completion_window="48h")

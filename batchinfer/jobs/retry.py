@@ -39,10 +39,9 @@ def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: s
     try:
         retry, _ = idempotency.once(ctx, claim, lambda retry_id: _unfinished(ctx, retry_id),
                                     lambda made_under: _make(ctx, job, wanted, completion_window, made_under))
-    except idempotency.IdempotencyConflict:
-        raise idempotency.IdempotencyConflict(
-            f"Conflict: batch {job_id} has a retry that has not ended, made with other error_codes or "
-            "completion_window; retry it again once that one has ended.") from None
+    except idempotency.IdempotencyConflict:  # the key is ours, not the caller's: the batch's state is the conflict
+        raise JobConflict(f"Batch {job_id} has a retry that has not ended, made with other error_codes or "
+                          "completion_window; retry it again once that one has ended.", code="conflict") from None
     return retry
 
 
