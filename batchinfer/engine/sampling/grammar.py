@@ -34,6 +34,7 @@ class GrammarRunner:
         self._stop_token_ids, self._token_bytes = stop_token_ids, token_bytes
         self._compiler: Any = None
         self._compiled: dict[str, Any] = {}  # by constraint_key: a schema compiles once per engine
+        self._refused: dict[str, str] = {}  # and one refused is refused at once after (a slow compile is not redone)
         self._matchers: dict[str, Any] = {}
 
     def add(self, request_id: str, constraint: tuple[str, str] | None) -> None:
@@ -74,15 +75,24 @@ class GrammarRunner:
         """The compiled grammar, once per engine; a constraint over the budget (one that skipped validation) or a
         compile past its deadline raises, which refuses the request alone."""
         key = constraint_key(*constraint)
+        if key in self._refused:
+            raise ValueError(self._refused[key])
         found = self._compiled.get(key)
         if found is None:
-            reason = over_budget(*constraint)
-            if reason is not None:
-                raise ValueError(reason)
-            compiler = self._compiler_once()
-            found = within_deadline(lambda: _compiled_by(compiler, *constraint))
+            try:
+                found = self._compile_new(constraint)
+            except Exception as exc:
+                self._refused[key] = str(exc).splitlines()[0][:200] if str(exc) else "no reason given"
+                raise
             self._compiled[key] = found
         return found
+
+    def _compile_new(self, constraint: tuple[str, str]) -> Any:
+        reason = over_budget(*constraint)
+        if reason is not None:
+            raise ValueError(reason)
+        compiler = self._compiler_once()
+        return within_deadline(lambda: _compiled_by(compiler, *constraint))
 
     def _compiler_once(self) -> Any:
         if self._compiler is None:
