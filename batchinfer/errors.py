@@ -19,11 +19,12 @@ def _clipped(value, depth: int = 0):
     first VALUE_CHARS items, VALUE_CHARS + 2 characters of a string, VALUE_CHARS levels (repr never nests deeper)."""
     if depth >= VALUE_CHARS:
         return ...
-    if isinstance(value, str):
-        return value[:VALUE_CHARS + 2]
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, str) and len(value) > VALUE_CHARS + 2:
+        # repr picks its quotes by the quotes the whole string holds: they go after the part that shows
+        return value[:VALUE_CHARS + 2] + "".join(q for q in "'\"" if q in value)
+    if type(value) in (list, tuple):  # exactly: a subclass (a namedtuple) is shown as it is
         return type(value)(_clipped(v, depth + 1) for v in value[:VALUE_CHARS])
-    if isinstance(value, dict):
+    if type(value) is dict:
         return {k: _clipped(v, depth + 1) for k, v in list(value.items())[:VALUE_CHARS]}
     return value
 

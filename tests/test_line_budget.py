@@ -150,3 +150,19 @@ def test_a_chunk_of_slow_lines_renews_the_lease_line_by_line(make_context, monke
     monkeypatch.setattr(state, "add_requests", counted)
     assert job_validation.validate_job(ctx, job.id).status == "queued"
     assert len(beats) >= 60  # 20 lines: a beat as each is parsed, prepared and stored (was 20, all after the chunk)
+
+
+def test_a_shown_value_reads_as_its_repr_cut_short_whatever_its_size_or_depth():
+    from batchinfer.errors import VALUE_CHARS, shown
+
+    quoted = "it's " * 100  # repr picks double quotes for the whole string: so does the clipped one
+    samples = [["a"] * 5000, {"k": list(range(3000)), "q": quoted}, quoted, 'both \' and " ' * 50, (1, [2, "x"])]
+    for value in samples:
+        expected = repr(value)
+        assert shown(value) == (expected if len(expected) <= VALUE_CHARS else expected[:VALUE_CHARS] + "…")
+    deep: list = []
+    for _ in range(5000):  # repr itself would raise RecursionError
+        deep = [deep]
+    started = time.perf_counter()
+    assert shown(deep) == "[" * VALUE_CHARS + "…" and shown(["a"] * 10**6).endswith("…")
+    assert time.perf_counter() - started < 0.1
