@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
     api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
     max_json_bytes: int = 64 * 1024  # API: a JSON body past this is cut off and answered 413
+    # API: an Anthropic Message Batches create carries its requests inline and is parsed whole (~7x its size in
+    # memory): past this it is cut off and answered 413 (docs/limits.md); a bigger batch goes as several
+    max_message_batch_bytes: int = 32 * 1024 * 1024
     api_requests_per_min: int = 600  # API: requests per key a minute (a bucket of as many); over it: 429
     api_concurrent_uploads: int = 2  # API: uploads of one key in flight at once; more: 429
     api_concurrent_estimates: int = 2  # API: estimates of one key in flight at once; more: 429
@@ -146,7 +149,8 @@ class Settings(BaseSettings):
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "unit_growth", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
-                     "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
+                     "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "max_message_batch_bytes",
+                     "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
                      "api_work_threads", "api_in_flight_lease_s")
     @classmethod

@@ -255,7 +255,7 @@ class IdempotencyKey(Base):
     __tablename__ = "idempotency_keys"
 
     owner_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # batches or files
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # batches, files or retries (of a batch: its id)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     object_id: Mapped[str] = mapped_column(String(64))
