@@ -117,8 +117,7 @@ typedef struct {
     uint16_t d, dm;  // fp16 bits: d, and the min (Q4_1/Q5_1: m; K-quants: dmin)
 } block_t;
 
-// Inlined where t is a constant (repack.h's per-type copies): the switch and the loops fold away.
-static inline __attribute__((always_inline)) void decode_block(const int t, const uint8_t *b, block_t *o) {
+static void decode_block(const int t, const uint8_t *b, block_t *o) {
     uint16_t d16, m16;
     memcpy(&d16, b, 2);
     o->d = d16;

@@ -7,7 +7,7 @@ static int64_t packed_bytes_of(int t, int64_t n, int64_t k) {
 }
 
 // One record: 16 channels' decoded blocks (a channel past N is all zero) -> rec.
-static inline __attribute__((always_inline)) void write_record(const int t, const block_t *blk, uint8_t *rec) {
+static void write_record(const int t, const block_t *blk, uint8_t *rec) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     memset(rec, 0, (size_t)L.record_bytes);
@@ -49,8 +49,8 @@ static inline __attribute__((always_inline)) void write_record(const int t, cons
 
 // raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes_of(t, N, K)); output channel n is raw
 // row rows[n] (rows NULL: row n), which undoes a file's row order (llama.cpp's RoPE permutation of q and k).
-static inline __attribute__((always_inline)) void repack_panels(const int t, const uint8_t *raw, int64_t row_bytes,
-        int64_t N, int64_t K, const int64_t *rows, uint8_t *out, int threads) {
+static void repack_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
+            int threads) {
     const int64_t nsb = K / QT[t].sb, panels = (N + PANEL - 1) / PANEL;
     const int rec = layout_of(t).record_bytes;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -66,18 +66,6 @@ static inline __attribute__((always_inline)) void repack_panels(const int t, con
         }
     }
 }
-
-// One copy of the repack per block type: with t a constant the layout, the type's branches and the loops' bounds
-// fold at compile time (a first load's repack of a 1B Q4_K_M file took 6.9 CPU s with t read at run time).
-#define REPACK_TYPE(T) case T: repack_panels(T, raw, row_bytes, N, K, rows, out, threads); break;
-static void repack_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows,
-                        uint8_t *out, int threads) {
-    switch (t) {
-    REPACK_TYPE(Q4_0) REPACK_TYPE(Q4_1) REPACK_TYPE(Q5_0) REPACK_TYPE(Q5_1) REPACK_TYPE(Q8_0)
-    REPACK_TYPE(Q2_K) REPACK_TYPE(Q3_K) REPACK_TYPE(Q4_K) REPACK_TYPE(Q5_K) REPACK_TYPE(Q6_K)
-    }
-}
-#undef REPACK_TYPE
 
 // Rows `ids` of a GGUF tensor as float32 [n_ids, K], as gguf's numpy dequantize gives them.
 static void dequant_gguf_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t K, const int64_t *ids, int64_t n_ids,
