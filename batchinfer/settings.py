@@ -112,7 +112,8 @@ class Settings(BaseSettings):
     abort_poll_s: float = 0.5  # a running unit looks this often for cancelled or expired jobs to stop
     worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
     worker_ttl_s: float = 10.0  # a worker silent this long is dead: its units are rerun (bounds recovery time)
-    sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
+    sweep_interval_s: float = 2.0  # how often the sweep runs, in one server or worker at a time (jobs and queues agree again)
+    serve_control_plane: bool = True  # cluster `serve` runs the sweep and webhook delivery too (jobs end with no worker)
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error); outages do not count
     outage_retry_s: float = 60.0  # a step of a unit retries a service that is down this long (results kept), then the unit is released
     outage_backoff_s: float = 5.0  # the longest wait between two tries of a step (and of a finalize) while a service is down

@@ -29,7 +29,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        plane = _control_plane(ctx)
         yield
+        if plane is not None:
+            plane.stop()
         app.state.work.close()
 
     docs = settings.api_docs  # off by default: the API's shape is OpenAI's, documented there and in README.md
@@ -58,6 +61,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if STATIC_DIR.is_dir():  # the dashboard, when present, answers everything the API does not
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
     return app
+
+
+def _control_plane(ctx: AppContext):
+    """Cluster mode: the sweep and webhook delivery run here too, so jobs end with no worker alive."""
+    if ctx.settings.embedded or not ctx.settings.serve_control_plane:
+        return None
+    from batchinfer.runtime.control_plane import ControlPlane  # lazy: the cluster mode's
+    from workers.tasks import SEND  # lazy: celery, which only the cluster mode needs
+
+    return ControlPlane(ctx, SEND).start()
 
 
 def model_list(ctx: AppContext) -> list[dict]:
