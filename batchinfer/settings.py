@@ -117,6 +117,7 @@ class Settings(BaseSettings):
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error); outages do not count
     outage_retry_s: float = 60.0  # a step of a unit retries a service that is down this long (results kept), then the unit is released
     outage_backoff_s: float = 5.0  # the longest wait between two tries of a step (and of a finalize) while a service is down
+    drain_s: float = 20.0  # SIGTERM: a worker's engine runs on this long at most, then what finished commits, the rest goes back
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
     webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
     webhook_timeout_s: float = 10.0  # one POST to a receiver
@@ -154,6 +155,13 @@ class Settings(BaseSettings):
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("drain_s")
+    @classmethod
+    def _not_negative(cls, value: float, info) -> float:
+        if value < 0:
+            raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 0, got {value}")
         return value
 
     @field_validator("dtype")

@@ -37,6 +37,7 @@ class CommittedUnit:
     # jobs whose counts, after this commit, still leave requests open: no finalize to try for them yet
     unfinished_jobs: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (a cancelled one's too)
+    given_back: int = 0  # its unfinished requests, back to pending (the worker drained)
 
 
 PlannedUnit = tuple[str, UnitPlan, str, "str | None"]  # (unit id, plan, queue, model)
@@ -193,13 +194,15 @@ def open_requests(ctx: AppContext, unit_id: str) -> tuple[int, dict[RequestKey, 
         return unit.attempts, {RequestKey(j, i): Origin(line, custom_id) for j, i, line, custom_id in rows}
 
 
-def commit_unit(ctx: AppContext, unit_id: str, result_key: str,
-                records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
-    """Count a run's results, if this run wins the fence; None when another run had already committed."""
-    return retrying(ctx.sessions, lambda session: _commit(session, unit_id, result_key, records))
+def commit_unit(ctx: AppContext, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult],
+                give_back: bool = False) -> CommittedUnit | None:
+    """Count a run's results, if this run wins the fence; None when another run had already committed.
+    give_back: the run was drained, so its requests with no record go back to pending, in the same transaction."""
+    return retrying(ctx.sessions, lambda session: _commit(session, unit_id, result_key, records, give_back))
 
 
-def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
+def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult],
+            give_back: bool = False) -> CommittedUnit | None:
     if not T.move(session, T.COMMIT_UNIT, WorkUnit.id == unit_id, result_key=result_key, finished_at=time.time(),
                   last_error=None):
         log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
@@ -215,10 +218,13 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         batch = [(key.job_id, key.index, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
                  for key, rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
-    unfinished = _add_to_job_counts(session, records)
+    unfinished = set(_add_to_job_counts(session, records))
+    given_back = T.move(session, T.DRAIN_REQUEST, Request.unit_id == unit_id, unit_id=None, unit_pos=None) if give_back else 0
     n_ok = sum(1 for r in records.values() if r.ok)
-    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished,
-                         jobs=frozenset(j for j, _, _ in held))
+    if given_back:  # their jobs cannot finish now: no finalize to try
+        unfinished |= {key.job_id for key in still_open - set(records)}
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=frozenset(unfinished),
+                         jobs=frozenset(j for j, _, _ in held), given_back=given_back)
 
 
 def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:

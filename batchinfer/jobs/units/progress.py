@@ -5,7 +5,9 @@ Every `poll_s` it reads the status of the unit's jobs: a cancelling job's reques
 are handed to the engine, which stops them before its next step and frees their KV blocks; then they are
 closed in the database (cancelled or expired, counted as failed, behind the unit's attempt fence) and the
 job's finalize is tried, so the job ends while the unit goes on with the other jobs' requests. Finished
-requests are counted in memory and written as one small row per job at most every `flush_s`.
+requests are counted in memory and written as one small row per job at most every `flush_s`. When the worker
+drains (SIGTERM) and its deadline passes, every request not yet finished is handed to the engine to stop: the
+unit then commits what finished and gives the rest back (`drained`).
 """
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ OnResult = Callable[[RequestKey, GenerationResult], None]
 
 class UnitWatch:
     def __init__(self, ctx: AppContext, unit_id: str, attempt: int, requests: list[UnitRequest],
-                 poll_s: float = 0.5, flush_s: float = 1.0):
-        self.ctx, self.unit_id, self.attempt = ctx, unit_id, attempt
+                 poll_s: float = 0.5, flush_s: float = 1.0, drain_at: Callable[[], float | None] = lambda: None):
+        """drain_at: when the worker's engine must stop (time.time(); None: it is not draining)."""
+        self.ctx, self.unit_id, self.attempt, self.drain_at = ctx, unit_id, attempt, drain_at
+        self.drained = False  # the engine was told to stop the unit's unfinished requests: the worker drains
         self.engine = engine = EngineRequests(requests)
         self.poll_s, self.flush_s = poll_s, flush_s
         self.by_job: dict[str, list[RequestKey]] = defaultdict(list)
@@ -112,12 +116,29 @@ class UnitWatch:
         polled = flushed = 0.0
         while not self._stop.wait(min(self.poll_s, self.flush_s) / 2):
             now = time.monotonic()
+            if not self.drained and self._drain_due():
+                self._drain()
             if now - polled >= self.poll_s:
                 polled = now
                 self._guarded(self._poll)
             if self._dirty and now - flushed >= self.flush_s:
                 flushed = now
                 self._guarded(self._flush)
+
+    def _drain_due(self) -> bool:
+        deadline = self.drain_at()
+        return deadline is not None and time.time() >= deadline
+
+    def _drain(self) -> None:
+        """Stop every request the engine has not finished; they are given back at the commit, not closed here."""
+        with self._lock:
+            done = self._finished | self._stopping
+            left = [i for ids in self.engine.ids.values() for i in ids if i not in done]
+            self._stopping.update(left)
+            self._to_abort += left
+            self.drained = True
+        log.warning("unit %s: the worker drains; %d requests stopped in the engine, given back to pending",
+                    self.unit_id, len(left))
 
     def _flush(self) -> None:
         """Rewrite this run's rows (absolute figures: a retried write changes nothing), unless another run

@@ -40,6 +40,7 @@ class UnitOutcome:
     work_tokens: int = 0  # uncached prompt + completion tokens this run computed
     unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (read by its commit)
+    given_back: int = 0  # requests the worker's drain stopped, back to pending for another worker
 
 
 Aborts = Callable[[], Collection[str]]
@@ -49,8 +50,11 @@ Records = dict[RequestKey, UnitResult]
 
 def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
              on_result: OnResult | None = None, incarnation: str | None = None,
-             stopping: Callable[[], bool] = lambda: False) -> UnitOutcome:
-    """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted."""
+             stopping: Callable[[], bool] = lambda: False,
+             drain_at: Callable[[], float | None] = lambda: None) -> UnitOutcome:
+    """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted.
+    drain_at() is when a draining worker's engine must stop: what finished by then commits, the rest goes back
+    to pending (not failed, no attempt counted: the unit itself is done)."""
     started = outage.start_step(ctx, unit_id, lambda: units.start_unit(ctx, unit_id, worker, incarnation))
     if started is None:
         return UnitOutcome(unit_id, committed=False)
@@ -58,13 +62,13 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     steps = outage.UnitSteps(ctx, unit_id, attempt)  # storage or the database down: wait, then release (never fail)
     requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
-                      ctx.settings.progress_flush_s)
+                      ctx.settings.progress_flush_s, drain_at)
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
         records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
     result_key = steps.storage("store its results",
                                lambda: record_store.store_results(ctx.storage, unit_id, attempt, records))
-    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, records))
+    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, records, give_back=watch.drained))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:
@@ -137,12 +141,12 @@ def _error_record(r: UnitRequest, origin: Origin, code: str, message: str) -> Un
                       formats.error_line(r.job_id, r.request.index, origin.custom_id, code, message, origin.line))
 
 
-def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records) -> UnitOutcome:
-    committed = units.commit_unit(ctx, unit_id, result_key, records)
+def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records, give_back: bool = False) -> UnitOutcome:
+    committed = units.commit_unit(ctx, unit_id, result_key, records, give_back)
     if committed is None:
         return UnitOutcome(unit_id, committed=False)
     return UnitOutcome(unit_id, committed=True, completed=committed.completed, failed=committed.failed,
-                       unfinished_jobs=committed.unfinished_jobs, jobs=committed.jobs)
+                       unfinished_jobs=committed.unfinished_jobs, jobs=committed.jobs, given_back=committed.given_back)
 
 
 def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:
