@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error); outages do not count
     outage_retry_s: float = 60.0  # a step of a unit retries a service that is down this long (results kept), then the unit is released
     outage_backoff_s: float = 5.0  # the longest wait between two tries of a step (and of a finalize) while a service is down
+    chunk_s: float = 5.0  # a running unit commits its finished requests this often (0: only at its end)
+    chunk_requests: int = 64  # ... or as soon as this many wait
     drain_s: float = 20.0  # SIGTERM: a worker's engine runs on this long at most, then what finished commits, the rest goes back
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
     webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
@@ -150,14 +152,14 @@ class Settings(BaseSettings):
                      "max_requests_per_unit", "unit_growth", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads", "api_in_flight_lease_s")
+                     "api_work_threads", "api_in_flight_lease_s", "chunk_requests")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
         return value
 
-    @field_validator("drain_s")
+    @field_validator("drain_s", "chunk_s")
     @classmethod
     def _not_negative(cls, value: float, info) -> float:
         if value < 0:

@@ -30,6 +30,7 @@ from batchinfer.jobs import engine_rates
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending, units
 from batchinfer.jobs.records import Counts, RequestKey, UnitRequest
+from batchinfer.jobs.units.chunks import UnitChunks
 from batchinfer.jobs.units.engine_requests import EngineRequests
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class UnitWatch:
         """drain_at: when the worker's engine must stop (time.time(); None: it is not draining)."""
         self.ctx, self.unit_id, self.attempt, self.drain_at = ctx, unit_id, attempt, drain_at
         self.drained = False  # the engine was told to stop the unit's unfinished requests: the worker drains
+        self.chunks: UnitChunks | None = None  # finished requests committed as the unit runs (keep_chunks)
         self.engine = engine = EngineRequests(requests)
         self.poll_s, self.flush_s = poll_s, flush_s
         self.by_job: dict[str, list[RequestKey]] = defaultdict(list)
@@ -76,10 +78,15 @@ class UnitWatch:
 
     # the engine's side (its thread) ------------------------------------------------------------------
 
+    def keep_chunks(self, chunks: UnitChunks) -> None:
+        self.chunks = chunks
+
     def listen(self, also: OnResult | None = None) -> Callable[[GenerationResult], None]:
-        """on_result for the engine: counted here; a request done (every part of it) is passed on to `also`
-        (a progress bar) with its key."""
+        """on_result for the engine: counted here (and filed for the next chunk); a request done (every part of it)
+        is passed on to `also` (a progress bar) with its key."""
         def on_result(result: GenerationResult) -> None:
+            if self.chunks is not None:
+                self.chunks.add(result)
             key = self._count(result)
             if key is not None and also is not None:
                 also(key, result)
@@ -118,12 +125,31 @@ class UnitWatch:
             now = time.monotonic()
             if not self.drained and self._drain_due():
                 self._drain()
+            if self.chunks is not None:
+                self._guarded(self._keep_chunk)
             if now - polled >= self.poll_s:
                 polled = now
                 self._guarded(self._poll)
             if self._dirty and now - flushed >= self.flush_s:
                 flushed = now
                 self._guarded(self._flush)
+
+    def _keep_chunk(self) -> None:
+        """A chunk's requests are the job's committed counts now: out of this run's live rows at once."""
+        assert self.chunks is not None
+        kept = self.chunks.commit_due()
+        if not kept:
+            return
+        with self._lock:
+            for key, rec in kept.items():
+                t = self._tally[key.job_id]
+                t.completed -= rec.ok
+                t.failed -= not rec.ok
+                t.prompt_tokens -= rec.prompt_tokens
+                t.completion_tokens -= rec.completion_tokens
+                t.cached_tokens -= rec.cached_tokens
+            self._dirty = True
+        self._flush()
 
     def _drain_due(self) -> bool:
         deadline = self.drain_at()

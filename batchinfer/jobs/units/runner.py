@@ -18,6 +18,7 @@ from batchinfer.jobs.records import Origin, RequestKey, UnitRequest, UnitResult
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import units
 from batchinfer.jobs.units import waits as outage
+from batchinfer.jobs.units.chunks import UnitChunks
 from batchinfer.jobs.units.engine_requests import EngineRequests
 from batchinfer.jobs.units.generator import Generator
 from batchinfer.jobs.units.progress import OnResult, UnitWatch
@@ -63,12 +64,16 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
                       ctx.settings.progress_flush_s, drain_at)
+    if ctx.settings.chunk_s > 0:  # finished requests kept as they finish, not only at the unit's end
+        watch.keep_chunks(UnitChunks(ctx, unit_id, attempt, watch.engine, RecordBuilder(requests, generator, worker)))
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
         records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
     work_tokens = sum(r.work_tokens for r in records.values())
+    kept = watch.chunks.kept if watch.chunks is not None else set()
+    rest = {key: rec for key, rec in records.items() if key not in kept}  # what no chunk of this run counted
     result_key = steps.storage("store its results",
-                               lambda: record_store.store_results(ctx.storage, unit_id, attempt, records))
-    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, records, give_back=watch.drained))
+                               lambda: record_store.store_results(ctx.storage, unit_id, attempt, rest))
+    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, rest, give_back=watch.drained))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:
@@ -111,25 +116,37 @@ def _run_batch(requests: list[Running], generator: Generator, worker: str, on_re
     """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
-    by_key = {r.key: (r, origin) for r, origin in requests}
     engine = EngineRequests([r for r, _ in requests])
-    records: Records = {}
     results = generator.generate(engine.generation, on_result=on_result, aborts=aborts)
-    described = generator.description.metrics()  # which dtype and weights answered: outputs compare only within one
+    build = RecordBuilder(requests, generator, worker)
+    records: Records = {}
     for key, found in engine.grouped(results):
-        r, origin = by_key[key]
+        record = build(key, found)
+        if record is not None:
+            records[key] = record
+    return records
+
+
+class RecordBuilder:
+    """A finished request's results record, from its engine results (every part's); None for an aborted one."""
+
+    def __init__(self, requests: list[Running], generator: Generator, worker: str):
+        self.by_key = {r.key: (r, origin) for r, origin in requests}
+        self.worker = worker
+        self.described = generator.description.metrics()  # which dtype and weights answered: outputs compare only within one
+
+    def __call__(self, key: RequestKey, found: list[GenerationResult]) -> UnitResult | None:
+        r, origin = self.by_key[key]
         if any(x.aborted for x in found):
-            continue
+            return None
         error = next((x.error for x in found if x.error), None)  # refused by the generator (engine.types.refusal): this request alone fails
         if error:
-            records[key] = _error_record(r, origin, "invalid_request", error[:500])
-            continue
+            return _error_record(r, origin, "invalid_request", error[:500])
         p = r.request
-        line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, worker, p.echo)
-        line["metrics"].update(described)
-        records[key] = UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
-                                  sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
-    return records
+        line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, self.worker, p.echo)
+        line["metrics"].update(self.described)
+        return UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
+                          sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
 
 
 def _cause(exc: BaseException) -> str:

@@ -68,7 +68,7 @@ class RunUnit:
             outcome = run_unit(self.ctx, self.unit_id, load_engine(self.ctx.settings), self.worker,
                                incarnation=self.incarnation, stopping=self.stopping, drain_at=self.drain_at)
             if outcome.given_back:  # a peer plans them now, not at the sweep's next look
-                log.warning("unit %s drained: %d finished requests committed, %d back to pending", self.unit_id,
+                log.warning("unit %s drained: %d finished requests committed at its end, %d back to pending", self.unit_id,
                             outcome.completed + outcome.failed, outcome.given_back)
                 self.sender.dispatch(0)
             return outcome
