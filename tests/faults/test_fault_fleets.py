@@ -7,6 +7,8 @@ import signal
 import time
 from collections import Counter
 
+import pytest
+
 from batchinfer.jobs import service
 from faultlib import record_recovery, slow_lines, wait_for
 from webhook_receiver import Receiver
@@ -112,3 +114,55 @@ def test_sigterm_mid_unit_drains_commits_what_finished_and_a_peer_runs_only_the_
     assert rest and all(u.worker != victim.worker for u in rest)
     assert sum(u.num_requests for u in rest) == 16 - kept  # the peer ran only what the drained unit gave back
     record_recovery("sigterm mid-unit (drain time: signal -> exit 0)", drained_in, kept=kept, given_back=16 - kept)
+
+
+def _chunks(c, unit_id: str, attempt: int) -> list:
+    from sqlalchemy import select
+
+    from batchinfer.db.models import UnitChunk
+
+    with c.context().sessions() as session:
+        return list(session.scalars(select(UnitChunk).where(UnitChunk.unit_id == unit_id, UnitChunk.attempt == attempt)))
+
+
+def _lines_run(c, unit_id: str, attempt: int) -> int:
+    """Requests a run of the unit computed and kept: its chunk files and its own results file."""
+    from batchinfer.jobs import record_store
+
+    keys = [k.result_key for k in _chunks(c, unit_id, attempt)] + [record_store.unit_results(unit_id, attempt)]
+    storage, lines = c.context().storage, 0
+    for key in keys:
+        if storage.exists(key):
+            with storage.open_read(key) as stream:
+                lines += stream.read().count(b"\n")
+    return lines
+
+
+@pytest.mark.parametrize("chunk_s", ["0", "1"])
+def test_sigkill_mid_unit_reruns_only_what_no_chunk_holds(fault_cluster, chunk_s):
+    """chunk_s 0 is the unit as it was (everything it finished is computed again); 1 keeps all but the last chunk."""
+    c = fault_cluster(BATCHINFER_MAX_REQUESTS_PER_UNIT="16", BATCHINFER_CHUNK_S=chunk_s, BATCHINFER_CHUNK_REQUESTS="4",
+                      BATCHINFER_PROGRESS_FLUSH_S="0.2")
+    c.start("w1", "w2")
+    lines = long_lines("s", 16, longest=300)
+    job_id = c.submit(lines)
+    victim = c.wait_unit_running()
+    wait_for(lambda: sum(k.requests for k in _chunks(c, victim.id, 1)) + _finished_so_far(c, victim.id) >= 6, 240,
+             "six requests of the unit finished", every=0.1)
+    at_risk = _finished_so_far(c, victim.id)  # finished, not yet in a chunk: what a kill now loses
+    killed_at = c.kill(victim.worker)
+    chunked = _chunks(c, victim.id, 1)
+    kept = sum(k.requests for k in chunked)
+    job = c.wait_final(job_id, timeout=300)
+    c.check(job, lines, "completed", expect_completed=16)  # every custom_id once, counts exact
+    unit = next(u for u in c.units() if u.id == victim.id)
+    assert unit.attempts == 2, unit.attempts
+    assert _lines_run(c, victim.id, 2) == 16 - kept  # the rerun computed only what no chunk held
+    since = max([k.committed_at for k in chunked], default=victim.started_at or killed_at)
+    if chunk_s == "0":
+        assert kept == 0
+    else:
+        assert kept >= 2 and at_risk <= 4 + 2, (kept, at_risk)  # at most about a chunk's worth was lost
+    # engine seconds lost: since the last chunk (or the unit's start); requests lost: finished but in no chunk
+    record_recovery(f"sigkill mid-unit of 16, chunk_s={chunk_s} (engine seconds lost)", killed_at - since,
+                    requests_lost=at_risk, kept=kept)

@@ -132,8 +132,15 @@ class RecordBuilder:
 
     def __init__(self, requests: list[Running], generator: Generator, worker: str):
         self.by_key = {r.key: (r, origin) for r, origin in requests}
-        self.worker = worker
-        self.described = generator.description.metrics()  # which dtype and weights answered: outputs compare only within one
+        self.worker, self.generator = worker, generator
+        self._described: dict | None = None
+
+    @property
+    def described(self) -> dict:
+        """Which dtype and weights answered (outputs compare only within one); asked once an answer came."""
+        if self._described is None:
+            self._described = self.generator.description.metrics()
+        return self._described
 
     def __call__(self, key: RequestKey, found: list[GenerationResult]) -> UnitResult | None:
         r, origin = self.by_key[key]
