@@ -17,6 +17,7 @@ from batchinfer.api.work import WorkQueue
 from batchinfer.cluster.registry import live_models_reader
 from batchinfer.context import AppContext
 from batchinfer.jobs.served_models import served_models
+from batchinfer.jobs.views.backlog import Backlog, model_backlogs
 from batchinfer.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -81,8 +82,17 @@ def model_list(ctx: AppContext) -> list[dict]:
     except ConnectionError:
         served, reachable = served_models(replace(ctx, live_models=None)), False
     known = reachable and ctx.live_models is not None
+    with ctx.sessions() as session:
+        backlogs = model_backlogs(session)
     return [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
-             "live": m.live if known else None, "configured": m.configured} for m in served.values()]
+             "live": m.live if known else None, "configured": m.configured, **_backlog(backlogs.get(m.id, Backlog()))}
+            for m in served.values()]
+
+
+def _backlog(b: Backlog) -> dict:
+    """Ours, for an autoscaler (docs/fleet.md): requests waiting for a worker of the model, running, and the age of
+    the oldest batch waiting."""
+    return {"pending_requests": b.pending, "running_requests": b.running, "oldest_pending_s": round(b.oldest_pending_s, 3)}
 
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:
