@@ -166,3 +166,16 @@ def test_sigkill_mid_unit_reruns_only_what_no_chunk_holds(fault_cluster, chunk_s
     # engine seconds lost: since the last chunk (or the unit's start); requests lost: finished but in no chunk
     record_recovery(f"sigkill mid-unit of 16, chunk_s={chunk_s} (engine seconds lost)", killed_at - since,
                     requests_lost=at_risk, kept=kept)
+
+
+def test_a_worker_whose_model_cannot_load_here_exits_in_one_line_before_taking_work(fault_cluster, tmp_path):
+    c = fault_cluster()
+    c.context()
+    not_a_model = tmp_path / "not-a-model"  # a folder with no checkpoint: what a model that does not fit meets too
+    not_a_model.mkdir()
+    proc = c.start_cli("bad", "worker", "--name", "bad", "--model", str(not_a_model))
+    assert proc.wait(180) == 1, c.log_tail("bad")
+    said = [line for line in c.output("bad").splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "cannot serve model not-a-model here, so it takes no work" in said[0], said
+    assert "bad" not in [w.name for w in c.registry().live()]  # it never announced itself
+    c.assert_no_traceback()
