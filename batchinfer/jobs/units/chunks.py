@@ -34,6 +34,7 @@ class UnitChunks:
         self._seq = 0
         self._last = time.monotonic()
         self._refused = False  # the fence said no: another run owns the unit now, this one keeps nothing more
+        self._not_before = 0.0  # after a failed try: storage or the database down must not hold the watch's thread
 
     def add(self, result: GenerationResult) -> None:
         """The engine's on_result: a request is filed once its every part has come."""
@@ -47,8 +48,9 @@ class UnitChunks:
     def due(self) -> bool:
         with self._lock:
             waiting = len(self._done)
-        return not self._refused and waiting > 0 and (
-            waiting >= self.max_requests or time.monotonic() - self._last >= self.every_s)
+        now = time.monotonic()
+        return not self._refused and waiting > 0 and now >= self._not_before and (
+            waiting >= self.max_requests or now - self._last >= self.every_s)
 
     def commit_due(self) -> dict[RequestKey, UnitResult]:
         """Write and commit a chunk when one is due; returns the records it counted (none: nothing was due, or the
@@ -64,6 +66,7 @@ class UnitChunks:
         except BaseException:
             with self._lock:
                 self._done.update(taken)
+            self._not_before = time.monotonic() + max(self.every_s, 5.0)
             raise
         self._last = time.monotonic()
         return counted
