@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 
 OnResult = Callable[[RequestKey, GenerationResult], None]
+CHUNK_TICK_S = 0.25  # how often the chunks' thread looks whether a chunk is due
 
 
 class UnitWatch:
@@ -64,17 +65,21 @@ class UnitWatch:
 
     @contextmanager
     def watching(self, generator):
-        """While the unit generates: the thread runs. It is joined before the unit commits, so every request
-        it stopped is closed in the database first."""
+        """While the unit generates: the thread runs (and the chunks' own, apart: a chunk's write that waits on
+        storage never delays a cancel or a drain). Both are joined before the unit commits, so every request
+        stopped is closed in the database first, and every chunk is committed or left to the unit's end."""
         stats = getattr(generator, "step_stats", None)  # the engine measures its steps; the hf reference does not
         self._steps_before = stats.copy() if stats is not None else None
-        thread = threading.Thread(target=self._loop, name=f"watch-{self.unit_id}", daemon=True)
-        thread.start()
+        loops = [self._loop] + ([self._chunk_loop] if self.chunks is not None else [])
+        threads = [threading.Thread(target=loop, name=f"watch-{self.unit_id}", daemon=True) for loop in loops]
+        for thread in threads:
+            thread.start()
         try:
             yield self
         finally:
             self._stop.set()
-            thread.join()
+            for thread in threads:
+                thread.join()
 
     # the engine's side (its thread) ------------------------------------------------------------------
 
@@ -125,8 +130,6 @@ class UnitWatch:
             now = time.monotonic()
             if not self.drained and self._drain_due():
                 self._drain()
-            if self.chunks is not None:
-                self._guarded(self._keep_chunk)
             if now - polled >= self.poll_s:
                 polled = now
                 self._guarded(self._poll)
@@ -134,8 +137,12 @@ class UnitWatch:
                 flushed = now
                 self._guarded(self._flush)
 
+    def _chunk_loop(self) -> None:
+        while not self._stop.wait(CHUNK_TICK_S):
+            self._guarded(self._keep_chunk)
+
     def _keep_chunk(self) -> None:
-        """A chunk's requests are the job's committed counts now: out of this run's live rows at once."""
+        """A chunk's requests are the job's committed counts now: out of this run's live rows at the next flush."""
         assert self.chunks is not None
         kept = self.chunks.commit_due()
         if not kept:
@@ -149,7 +156,6 @@ class UnitWatch:
                 t.completion_tokens -= rec.completion_tokens
                 t.cached_tokens -= rec.cached_tokens
             self._dirty = True
-        self._flush()
 
     def _drain_due(self) -> bool:
         deadline = self.drain_at()
