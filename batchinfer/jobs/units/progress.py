@@ -90,9 +90,9 @@ class UnitWatch:
         """on_result for the engine: counted here (and filed for the next chunk); a request done (every part of it)
         is passed on to `also` (a progress bar) with its key."""
         def on_result(result: GenerationResult) -> None:
-            if self.chunks is not None:
-                self.chunks.add(result)
             key = self._count(result)
+            if self.chunks is not None:  # after the count: a chunk takes out of the live tally what is in it
+                self.chunks.add(result)
             if key is not None and also is not None:
                 also(key, result)
         return on_result
