@@ -27,7 +27,7 @@ def _run_by_hand(ctx, unit_id, worker, generator):
 
 def _chunk(ctx, unit_id, attempt, seq, records):
     key = record_store.store_results(ctx.storage, unit_id, attempt, records, chunk=seq)
-    return units.commit_chunk(ctx, unit_id, attempt, seq, key, records)
+    return units.commit_chunk(ctx, unit_id, attempt, seq, key, records, [])
 
 
 def test_a_rerun_runs_only_what_no_chunk_holds_and_a_replaced_runs_chunk_counts_nothing(make_context, postgres_url,

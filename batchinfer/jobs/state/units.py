@@ -10,10 +10,10 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, exists, func, or_, select, text, update
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, text, update
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, Request, UnitChunk, UnitStatus, WorkUnit
+from batchinfer.db.models import Job, JobStatus, Request, UnitChunk, UnitProgress, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import COUNTERS, Counts, Origin, RequestKey, UnitResult
@@ -236,10 +236,10 @@ def _count(session, unit_id: str, records: dict[RequestKey, UnitResult]):
 
 
 def commit_chunk(ctx: AppContext, unit_id: str, attempt: int, seq: int, result_key: str,
-                 records: dict[RequestKey, UnitResult]) -> int | None:
+                 records: dict[RequestKey, UnitResult], live_rows: list[dict]) -> int | None:
     """Count finished requests of a run that goes on, only while this attempt still owns the running unit (the
-    fence: a run the sweep replaced, or one whose unit committed, counts nothing). Returns how many it counted;
-    None when the fence refused it."""
+    fence: a run the sweep replaced, or one whose unit committed, counts nothing), and rewrite the run's live rows
+    (unit_progress) without them in the same transaction. Returns how many it counted; None when refused."""
     def work(session) -> int | None:
         unit = session.get(WorkUnit, unit_id, with_for_update=True)
         if unit is None or unit.status != UnitStatus.RUNNING or unit.attempts != attempt:
@@ -248,6 +248,9 @@ def commit_chunk(ctx: AppContext, unit_id: str, attempt: int, seq: int, result_k
         _add_to_job_counts(session, counted)
         session.add(UnitChunk(unit_id=unit_id, attempt=attempt, seq=seq, result_key=result_key,
                               requests=len(counted), committed_at=time.time()))
+        session.execute(delete(UnitProgress).where(UnitProgress.unit_id == unit_id))
+        if live_rows:
+            session.execute(insert(UnitProgress), live_rows)
         return len(counted)
 
     return retrying(ctx.sessions, work)

@@ -16,11 +16,12 @@ from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationResult
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import RequestKey, UnitResult
-from batchinfer.jobs.state import units
 from batchinfer.jobs.units.engine_requests import EngineRequests
 
 log = logging.getLogger(__name__)
 Build = Callable[[RequestKey, list[GenerationResult]], "UnitResult | None"]
+# (chunk number, its results file, its records) -> how many it counted, None when the fence refused it
+Commit = Callable[[int, str, dict[RequestKey, UnitResult]], "int | None"]
 
 
 class UnitChunks:
@@ -52,33 +53,31 @@ class UnitChunks:
         return not self._refused and waiting > 0 and now >= self._not_before and (
             waiting >= self.max_requests or now - self._last >= self.every_s)
 
-    def commit_due(self) -> dict[RequestKey, UnitResult]:
-        """Write and commit a chunk when one is due; returns the records it counted (none: nothing was due, or the
-        fence refused it). A chunk that fails to store or commit stays waiting: the next try, or the unit's end,
-        takes it."""
+    def commit_due(self, commit: Commit) -> None:
+        """Write a chunk when one is due, and `commit` it (state.units.commit_chunk, with the run's live rows). A
+        chunk that fails to store or commit stays waiting: the next try, or the unit's end, takes it."""
         if not self.due():
-            return {}
+            return
         with self._lock:
             taken, self._done = self._done, {}
         records = {key: rec for key, found in sorted(taken.items()) if (rec := self.build(key, found)) is not None}
         try:
-            counted = self._commit(records) if records else {}
+            if records:
+                self._commit(records, commit)
         except BaseException:
             with self._lock:
                 self._done.update(taken)
             self._not_before = time.monotonic() + max(self.every_s, 5.0)
             raise
         self._last = time.monotonic()
-        return counted
 
-    def _commit(self, records: dict[RequestKey, UnitResult]) -> dict[RequestKey, UnitResult]:
+    def _commit(self, records: dict[RequestKey, UnitResult], commit: Commit) -> None:
         self._seq += 1
         key = record_store.store_results(self.ctx.storage, self.unit_id, self.attempt, records, chunk=self._seq)
-        counted = units.commit_chunk(self.ctx, self.unit_id, self.attempt, self._seq, key, records)
+        counted = commit(self._seq, key, records)
         if counted is None:
             self._refused = True
             log.warning("unit %s: another run owns it now; this run keeps no more chunks", self.unit_id)
-            return {}
+            return
         self.kept.update(records)
         log.info("unit %s: chunk %d committed (%d requests)", self.unit_id, self._seq, counted)
-        return records

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Callable
 
 from sqlalchemy import delete, insert, select
@@ -29,7 +29,7 @@ from batchinfer.errors import one_line
 from batchinfer.jobs import engine_rates
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import ending, units
-from batchinfer.jobs.records import Counts, RequestKey, UnitRequest
+from batchinfer.jobs.records import Counts, RequestKey, UnitRequest, UnitResult
 from batchinfer.jobs.units.chunks import UnitChunks
 from batchinfer.jobs.units.engine_requests import EngineRequests
 
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 OnResult = Callable[[RequestKey, GenerationResult], None]
 CHUNK_TICK_S = 0.25  # how often the chunks' thread looks whether a chunk is due
+
+
+def _minus(t: Counts, kept: Counts | None) -> dict:
+    have = asdict(t)
+    return have if kept is None else {name: value - getattr(kept, name) for name, value in have.items()}
 
 
 class UnitWatch:
@@ -55,6 +60,8 @@ class UnitWatch:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._tally: dict[str, Counts] = defaultdict(Counts)
+        self._kept: dict[str, Counts] = defaultdict(Counts)  # of the tally, what chunks committed: not live any more
+        self._write = threading.Lock()  # a flush and a chunk's commit write the live rows one at a time
         self._finished: set[str] = set()  # engine ids
         self._parts_left = {key: len(ids) for key, ids in engine.ids.items()}
         self._stopping: set[str] = set()  # engine ids handed to the engine (or about to be)
@@ -142,20 +149,25 @@ class UnitWatch:
             self._guarded(self._keep_chunk)
 
     def _keep_chunk(self) -> None:
-        """A chunk's requests are the job's committed counts now: out of this run's live rows at the next flush."""
         assert self.chunks is not None
-        kept = self.chunks.commit_due()
-        if not kept:
-            return
-        with self._lock:
-            for key, rec in kept.items():
-                t = self._tally[key.job_id]
-                t.completed -= rec.ok
-                t.failed -= not rec.ok
-                t.prompt_tokens -= rec.prompt_tokens
-                t.completion_tokens -= rec.completion_tokens
-                t.cached_tokens -= rec.cached_tokens
-            self._dirty = True
+        self.chunks.commit_due(self._commit_chunk)
+
+    def _commit_chunk(self, seq: int, result_key: str, records: dict[RequestKey, UnitResult]) -> int | None:
+        """The chunk's counts and this run's live rows without them, in one transaction: status never counts a
+        request twice, nor drops one."""
+        with self._write:
+            with self._lock:
+                kept = {j: replace(c) for j, c in self._kept.items()}
+                for key, rec in records.items():
+                    kept.setdefault(key.job_id, Counts()).add(rec.ok, rec.prompt_tokens, rec.completion_tokens,
+                                                              rec.cached_tokens)
+                rows = self._rows(kept)
+            counted = units.commit_chunk(self.ctx, self.unit_id, self.attempt, seq, result_key, records, rows)
+            if counted is not None:
+                with self._lock:
+                    self._kept = defaultdict(Counts, kept)
+                self._flushed = True
+            return counted
 
     def _drain_due(self) -> bool:
         deadline = self.drain_at()
@@ -175,21 +187,26 @@ class UnitWatch:
     def _flush(self) -> None:
         """Rewrite this run's rows (absolute figures: a retried write changes nothing), unless another run
         of the unit has started since."""
-        with self._lock:
-            self._dirty = False
-            rows = [{"unit_id": self.unit_id, "job_id": j, "attempt": self.attempt, **asdict(t), "updated_at": time.time()}
-                    for j, t in sorted(self._tally.items())]
+        with self._write:
+            with self._lock:
+                self._dirty = False
+                rows = self._rows(self._kept)
+            self._flushed = True
 
-        self._flushed = True
+            def work(session) -> None:
+                if session.scalar(select(WorkUnit.attempts).where(WorkUnit.id == self.unit_id)) != self.attempt:
+                    return
+                session.execute(delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id))
+                if rows:
+                    session.execute(insert(UnitProgress), rows)
 
-        def work(session) -> None:
-            if session.scalar(select(WorkUnit.attempts).where(WorkUnit.id == self.unit_id)) != self.attempt:
-                return
-            session.execute(delete(UnitProgress).where(UnitProgress.unit_id == self.unit_id))
-            if rows:
-                session.execute(insert(UnitProgress), rows)
+            retrying(self.ctx.sessions, work)
 
-        retrying(self.ctx.sessions, work)
+    def _rows(self, kept: dict[str, Counts]) -> list[dict]:
+        """This run's live rows: what it finished that no chunk has committed (the caller holds the lock)."""
+        now = time.time()
+        return [{"unit_id": self.unit_id, "job_id": j, "attempt": self.attempt, **_minus(t, kept.get(j)), "updated_at": now}
+                for j, t in sorted(self._tally.items())]
 
     def _poll(self) -> None:
         with self.ctx.sessions() as session:
