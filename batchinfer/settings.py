@@ -112,10 +112,14 @@ class Settings(BaseSettings):
     abort_poll_s: float = 0.5  # a running unit looks this often for cancelled or expired jobs to stop
     worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
     worker_ttl_s: float = 10.0  # a worker silent this long is dead: its units are rerun (bounds recovery time)
-    sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
+    sweep_interval_s: float = 2.0  # how often the sweep runs, in one server or worker at a time (jobs and queues agree again)
+    serve_control_plane: bool = True  # cluster `serve` runs the sweep and webhook delivery too (jobs end with no worker)
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error); outages do not count
     outage_retry_s: float = 60.0  # a step of a unit retries a service that is down this long (results kept), then the unit is released
     outage_backoff_s: float = 5.0  # the longest wait between two tries of a step (and of a finalize) while a service is down
+    chunk_s: float = 5.0  # a running unit commits its finished requests this often (0: only at its end)
+    chunk_requests: int = 64  # ... or as soon as this many wait
+    drain_s: float = 20.0  # SIGTERM: a worker's engine runs on this long at most, then what finished commits, the rest goes back
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
     webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
     webhook_timeout_s: float = 10.0  # one POST to a receiver
@@ -152,11 +156,18 @@ class Settings(BaseSettings):
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "max_message_batch_bytes",
                      "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads", "api_in_flight_lease_s")
+                     "api_work_threads", "api_in_flight_lease_s", "chunk_requests")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("drain_s", "chunk_s")
+    @classmethod
+    def _not_negative(cls, value: float, info) -> float:
+        if value < 0:
+            raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 0, got {value}")
         return value
 
     @field_validator("dtype")
