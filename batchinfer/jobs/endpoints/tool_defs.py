@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic_core import PydanticCustomError
 
+from batchinfer.errors import shown
+
 NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 MAX_TOOLS = 128  # as OpenAI
 CHOICE_MODES = ("none", "auto", "required")
@@ -43,7 +45,7 @@ def _check_tool(k: int, tool: Any) -> str:
     function = tool["function"]
     name = function.get("name")
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
-        raise _refuse(f"tool {k}: function.name must match ^[a-zA-Z0-9_-]{{1,64}}$")
+        raise _refuse(f"tool {k} ({shown(name)}): function.name must match ^[a-zA-Z0-9_-]{{1,64}}$")
     unknown = sorted(set(function) - {"name", "description", "parameters", "strict"})
     if unknown:
         raise _refuse(f"tool {k} ({name!r}): function.{unknown[0]} is not a field of a function")
