@@ -54,4 +54,6 @@ def test_a_forced_output_is_read_as_its_calls():
     assert parse_forced("function:add", '{"a": 1, "b": 2}') == [ADD]
     assert parse_forced("required", '[{"name": "add", "arguments": {"a": 1, "b": 2}}]') == [ADD]
     assert parse_forced("required", '[{"name": "add", "argu') == []  # cut at max_tokens: no call
+    cut = '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "add", "arguments": {"a"'
+    assert parse_forced("required", cut) == [ADD]  # the calls it completed
     assert parse_forced("function:add", "[1]") == []

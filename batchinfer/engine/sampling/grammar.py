@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-KINDS = ("json_schema", "json_object", "regex", "choice")
+KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
+COMPACT = {"any_whitespace": False, "separators": (", ", ": ")}  # the "tool_calls" kind's layout
 
 
 def check_constraint(kind: str, spec: str) -> str | None:
@@ -18,8 +19,8 @@ def check_constraint(kind: str, spec: str) -> str | None:
     import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
 
     try:
-        if kind == "json_schema":
-            xgr.Grammar.from_json_schema(spec)
+        if kind in ("json_schema", "tool_calls"):
+            xgr.Grammar.from_json_schema(spec, **(COMPACT if kind == "tool_calls" else {}))
         elif kind == "regex":
             xgr.Grammar.from_regex(spec)
         elif kind == "choice":
@@ -83,8 +84,8 @@ class GrammarRunner:
         if found is None:
             kind, spec = constraint
             compiler = self._compiler_once()
-            if kind == "json_schema":
-                found = compiler.compile_json_schema(spec)
+            if kind in ("json_schema", "tool_calls"):
+                found = compiler.compile_json_schema(spec, **(COMPACT if kind == "tool_calls" else {}))
             elif kind == "json_object":
                 found = compiler.compile_builtin_json_grammar()
             elif kind == "regex":

@@ -80,7 +80,8 @@ def _object(arguments: str) -> Any:
 
 def forced_constraint(tools: list[dict] | None, mode: str, parallel: bool) -> tuple[str, str] | None:
     schema = tool_defs.forced_schema(tools or [], mode, parallel) if tools else None
-    return ("json_schema", json.dumps(schema, sort_keys=True)) if schema is not None else None
+    # keys in their given order: the grammar keeps a schema's property order, and a call names its function first
+    return ("tool_calls", json.dumps(schema)) if schema is not None else None
 
 
 def echo(tokenizer, tools: list[dict] | None, mode: str, parallel: bool) -> dict[str, Any] | None:
@@ -106,4 +107,6 @@ def message(text: str, finish_reason: str, echo: dict | None, call_prefix: str) 
         calls = calls[:1]
     tool_calls = [{"id": f"call_{call_prefix}_{k}", "type": "function",
                    "function": {"name": c.name, "arguments": c.arguments}} for k, c in enumerate(calls)]
-    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+    # a required array cut at max_tokens keeps its complete calls, and says it was cut
+    return {"role": "assistant", "content": content, "tool_calls": tool_calls}, (
+        "length" if finish_reason == "length" else "tool_calls")

@@ -68,15 +68,33 @@ def parse(fmt: str, text: str) -> tuple[str | None, list[Call]]:
 
 
 def parse_forced(mode: str, text: str) -> list[Call]:
-    """The calls of an output held to forced_schema: a named function's arguments, or required's array."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return []
+    """The calls of an output held to forced_schema: a named function's arguments, or required's array. An array cut
+    short at max_tokens keeps the calls it completed (the grammar held each one to its schema)."""
     if mode.startswith("function:"):
+        value = _loads(text)
         return [Call(mode.removeprefix("function:"), _args(value))] if isinstance(value, dict) else []
-    found = [_call(v, "arguments") for v in value] if isinstance(value, list) else []
+    items = _complete_items(text)
+    found = [_call(v, "arguments") for v in items]
     return [c for c in found if c is not None] if found and all(found) else []
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The items of a JSON array up to the first one that is cut short."""
+    decoder, items = json.JSONDecoder(), []
+    at = _skip(text, 0, " \n\t")
+    if text[at:at + 1] != "[":
+        return []
+    at += 1
+    while True:
+        try:
+            value, at = decoder.raw_decode(text, _skip(text, at, " \n\t"))
+        except ValueError:
+            return items
+        items.append(value)
+        at = _skip(text, at, " \n\t")
+        if text[at:at + 1] != ",":
+            return items
+        at += 1
 
 
 def _hermes(text: str) -> tuple[str, list[Call]]:
