@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
-COMPACT = {"any_whitespace": False, "separators": (", ", ": ")}  # the "tool_calls" kind's layout
+COMPACT_SEPARATORS = (", ", ": ")  # the "tool_calls" kind's layout, with no whitespace elsewhere
 
 
 def check_constraint(kind: str, spec: str) -> str | None:
@@ -20,7 +20,8 @@ def check_constraint(kind: str, spec: str) -> str | None:
 
     try:
         if kind in ("json_schema", "tool_calls"):
-            xgr.Grammar.from_json_schema(spec, **(COMPACT if kind == "tool_calls" else {}))
+            compact = kind == "tool_calls"
+            xgr.Grammar.from_json_schema(spec, any_whitespace=not compact, separators=COMPACT_SEPARATORS if compact else None)
         elif kind == "regex":
             xgr.Grammar.from_regex(spec)
         elif kind == "choice":
@@ -85,7 +86,9 @@ class GrammarRunner:
             kind, spec = constraint
             compiler = self._compiler_once()
             if kind in ("json_schema", "tool_calls"):
-                found = compiler.compile_json_schema(spec, **(COMPACT if kind == "tool_calls" else {}))
+                compact = kind == "tool_calls"
+                found = compiler.compile_json_schema(spec, any_whitespace=not compact,
+                                                     separators=COMPACT_SEPARATORS if compact else None)
             elif kind == "json_object":
                 found = compiler.compile_builtin_json_grammar()
             elif kind == "regex":

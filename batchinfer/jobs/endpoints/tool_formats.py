@@ -80,7 +80,7 @@ def parse_forced(mode: str, text: str) -> list[Call]:
 
 def _complete_items(text: str) -> list[Any]:
     """The items of a JSON array up to the first one that is cut short."""
-    decoder, items = json.JSONDecoder(), []
+    decoder, items = json.JSONDecoder(), list[Any]()
     at = _skip(text, 0, " \n\t")
     if text[at:at + 1] != "[":
         return []

@@ -20,6 +20,7 @@ from batchinfer.errors import excerpt, shown
 from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT, Params
 from batchinfer.jobs.endpoints.batch_line import InputLine
 from batchinfer.jobs.endpoints.chat import ChatBody
+from batchinfer.jobs.endpoints.completions import CompletionBody
 from batchinfer.jobs.endpoints.embeddings import EMBEDDINGS_URL, EmbeddingsBody
 from batchinfer.jobs.endpoints.kinds import BODIES, Body, KIND_NAMES
 from batchinfer.jobs.endpoints.responses import ResponsesBody
@@ -295,7 +296,7 @@ def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[
     return _Parsed(number, custom_id, line.url, model, body, _prompt_text(body, tokenizer, custom_id))
 
 
-def _prompt_text(body: Body, tokenizer, custom_id: str) -> str:
+def _prompt_text(body: ChatBody | CompletionBody | ResponsesBody | Params, tokenizer, custom_id: str) -> str:
     """The rendered prompt; a conversation the model's own chat template refuses (it raises on a role order, a tool
     message it cannot place) is that request's error, in the template's words."""
     try:
