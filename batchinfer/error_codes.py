@@ -174,3 +174,11 @@ def batch_not_found(batch_id: str) -> str:
 
 def cannot_cancel(status: str) -> str:
     return f"Cannot cancel a batch with status {status!r}."
+
+
+def cannot_pause(status: str) -> str:
+    return f"Cannot pause a batch with status {status!r}: only a queued or in_progress batch pauses."
+
+
+def cannot_resume(status: str) -> str:
+    return f"Cannot resume a batch with status {status!r}: only a paused batch resumes."

@@ -21,6 +21,7 @@ class JobStatus(StrEnum):
     EXPIRED = "expired"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+    PAUSED = "paused"  # its owner paused it: no new unit starts, running ones finish, the window keeps running
     TERMINAL = nonmember((COMPLETED, FAILED, EXPIRED, CANCELLED))
     RUNNABLE = nonmember((QUEUED, IN_PROGRESS))
 
@@ -78,6 +79,7 @@ class Job(Base):
     expired_at: Mapped[float | None] = mapped_column(Float)
     cancelling_at: Mapped[float | None] = mapped_column(Float)
     cancelled_at: Mapped[float | None] = mapped_column(Float)
+    paused_at: Mapped[float | None] = mapped_column(Float)  # its latest pause
     finalize_attempts: Mapped[int] = mapped_column(Integer, default=0)
     finalize_after: Mapped[float | None] = mapped_column(Float)  # a FINALIZING job may be retried from then on
     owner_id: Mapped[str | None] = mapped_column(String(64))  # the API key that made it; None from the local CLI

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 FINALIZE_LEASE_S = 300.0  # a finalize that crashed midway is taken over after this long
 FINALIZE_MAX_ATTEMPTS = 12
 FINALIZE_BACKOFF_S = (2.0, 600.0)  # first retry after 2 s, doubling, at most 10 minutes apart
+OVERDUE_STATES = (*JobStatus.RUNNABLE, JobStatus.PAUSED)  # a paused job's window keeps running
 
 
 def cancel(ctx: AppContext, job_id: str, now: float, visible: Callable[[Job], bool] = lambda job: True) -> None:
@@ -58,7 +59,7 @@ def expire_overdue(ctx: AppContext, now: float) -> list[str]:
     """Jobs past their completion window: unstarted requests expire (finished ones are kept); returns them,
     for the caller to finalize."""
     def work(session) -> list[str]:
-        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)
+        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(OVERDUE_STATES), Job.expires_at < now)
                                        .order_by(Job.id)))
         for job_id in overdue:
             close_unstarted(session, job_id, T.EXPIRE_UNSTARTED)

@@ -1,0 +1,23 @@
+"""A batch its owner paused: when it was paused (the job's `<state>_at` of its `paused` status)
+
+Revision ID: 0018_pause
+Revises: 0015_idempotency_keys
+"""
+from alembic import op
+import sqlalchemy as sa
+
+
+revision = "0018_pause"
+down_revision = "0015_idempotency_keys"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.add_column(sa.Column("paused_at", sa.Float(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("paused_at")
