@@ -17,6 +17,7 @@ from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import COUNTERS, Counts, Origin, RequestKey, UnitResult
+from batchinfer.jobs.state import error_rate
 from batchinfer.jobs.state import table as T
 from batchinfer.planner import UnitPlan
 
@@ -216,6 +217,7 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
                  for key, rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
     unfinished = _add_to_job_counts(session, records)
+    error_rate.stop_past_limit(session, job_ids)  # a job past its max_error_rate stops (it is locked above)
     n_ok = sum(1 for r in records.values() if r.ok)
     return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished,
                          jobs=frozenset(j for j, _, _ in held))
