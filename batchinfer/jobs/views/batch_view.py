@@ -38,6 +38,7 @@ def batch_object(job: Job) -> dict:
         **{name: _int(getattr(job, name)) for name in TIMESTAMPS},
         # extras beside OpenAI's fields (SDK clients ignore them)
         "queued_at": _int(job.queued_at),
+        "paused_at": _int(job.paused_at),  # its latest pause (status `paused` while it holds)
         "input_filename": job.input_filename or None,
         # services the batch waits for (storage, database, broker) while one is down; null otherwise (jobs.outage)
         "waiting_for": getattr(job, "waiting_for", None),
