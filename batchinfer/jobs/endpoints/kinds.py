@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from batchinfer.jobs.endpoints import anthropic, chat, completions, embeddings, responses
+from batchinfer.jobs.endpoints import anthropic, anthropic_tools, chat, completions, embeddings, responses
 
 Body = (chat.ChatBody | completions.CompletionBody | responses.ResponsesBody | embeddings.EmbeddingsBody
         | anthropic.Params)
@@ -18,7 +18,8 @@ KIND_NAMES = {chat.CHAT_URL: "Chat Completions", completions.COMPLETIONS_URL: "C
               anthropic.MESSAGES_ENDPOINT: "Messages"}  # as OpenAI's messages name them
 # a field's rule comes from the last model that names it (line_problems.RULES); Anthropic's first, so that the fields
 # it shares with OpenAI's bodies take theirs (a body's own top-level fields take its own rule)
-MODELS = (anthropic.TextBlock, anthropic.Message, anthropic.Params, chat.ChatMessage, chat.ChatBody,
+MODELS = (anthropic.TextBlock, anthropic_tools.ToolUseBlock, anthropic_tools.ToolResultBlock, anthropic_tools.ToolChoice,
+          anthropic.Message, anthropic.Params, chat.ToolCall, chat.FunctionCall, chat.ChatMessage, chat.ChatBody,
           completions.CompletionBody, responses.InputText, responses.InputMessage, responses.ResponsesBody,
           embeddings.EmbeddingsBody)
 ResultBody = Callable[..., dict]  # (request id, model, result, echo) -> body
