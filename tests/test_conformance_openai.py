@@ -168,8 +168,8 @@ SPLIT = {  # endpoint: (the refused body's line, its code, the param as the endp
     "/v1/chat/completions": (line("bad", messages=[{"rolez": "user", "contentz": "Hi"}]), "missing_required_parameter",
                              "messages[0].role"),
     "/v1/completions": (line("bad", "/v1/completions", max_tokens=0), "integer_below_min_value", "max_tokens"),
-    "/v1/responses": (line("bad", "/v1/responses", tools=[{"type": "function", "name": "f"}]), "unsupported_parameter",
-                      "tools"),
+    "/v1/responses": (line("bad", "/v1/responses", reasoning={"effort": "low"}), "unsupported_parameter",
+                      "reasoning"),
     "/v1/embeddings": (line("bad", "/v1/embeddings", dimensions=0), "integer_below_min_value", "dimensions"),
 }
 

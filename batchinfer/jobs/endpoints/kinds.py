@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from batchinfer.jobs.endpoints import anthropic, anthropic_tools, chat, completions, embeddings, responses
+from batchinfer.jobs.endpoints import anthropic, anthropic_tools, chat, completions, embeddings, responses, responses_tools
 
 Body = (chat.ChatBody | completions.CompletionBody | responses.ResponsesBody | embeddings.EmbeddingsBody
         | anthropic.Params)
@@ -20,7 +20,8 @@ KIND_NAMES = {chat.CHAT_URL: "Chat Completions", completions.COMPLETIONS_URL: "C
 # it shares with OpenAI's bodies take theirs (a body's own top-level fields take its own rule)
 MODELS = (anthropic.TextBlock, anthropic_tools.ToolUseBlock, anthropic_tools.ToolResultBlock, anthropic_tools.ToolChoice,
           anthropic.Message, anthropic.Params, chat.ToolCall, chat.FunctionCall, chat.ChatMessage, chat.ChatBody,
-          completions.CompletionBody, responses.InputText, responses.InputMessage, responses.ResponsesBody,
+          completions.CompletionBody, responses.InputText, responses.InputMessage, responses_tools.FunctionCallItem,
+          responses_tools.FunctionCallOutputItem, responses.ResponsesBody,
           embeddings.EmbeddingsBody)
 ResultBody = Callable[..., dict]  # (request id, model, result, echo) -> body
 _RESULT_BODIES: dict[str, ResultBody] = {chat.CHAT_URL: chat.result_body,

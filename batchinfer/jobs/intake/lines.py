@@ -319,7 +319,7 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
         raise _Rejected(("context_length_exceeded", E.context_exceeded(limits.max_model_len, len(prompt_ids),
                                                                         sampling.max_tokens, prompt_field),
                          f"body.{prompt_field}", custom_id), per_request=True)
-    echo = body.echo() if isinstance(body, ResponsesBody) else body.echo(tokenizer) if isinstance(body, (ChatBody, Params)) else None
+    echo = body.echo(tokenizer) if isinstance(body, (ChatBody, Params, ResponsesBody)) else None
     _check_token_ids(sampling, len(tokenizer), custom_id)
     if not isinstance(body, EmbeddingsBody):  # embeddings lines are prepared apart and take no constraint
         _check_constraint(body, custom_id)
