@@ -33,3 +33,9 @@ MISTRAL = (
     "| tojson }}[/TOOL_RESULTS]{% else %}{{ message.content }}</s>{% endif %}{% endfor %}")
 
 TEMPLATES = {"hermes": HERMES, "llama3_json": LLAMA3_JSON, "mistral": MISTRAL}
+
+# Qwen3's way of thinking: the template opens an empty thought when enable_thinking is false, and writes <think> itself
+THINKING = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}")

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
 from batchinfer.errors import InvalidRequest, shown
-from batchinfer.jobs.endpoints import anthropic_tools, chat_tools, tool_defs
+from batchinfer.jobs.endpoints import anthropic_tools, chat_tools, reasoning, tool_defs
 from batchinfer.jobs.endpoints.anthropic_tools import Block, TextBlock
 from batchinfer.jobs.endpoints.fields import MAX_STOP, MaxTokens, NonEmptyText, Number, Text
 
@@ -81,7 +81,8 @@ class Params(BaseModel):
         return chat_tools.prompt_text(tokenizer, anthropic_tools.chat_messages(system, self.messages), self._chat()[0])
 
     def echo(self, tokenizer) -> dict[str, Any] | None:
-        return chat_tools.echo(tokenizer, *self._chat())
+        found = {**(chat_tools.echo(tokenizer, *self._chat()) or {}), **(reasoning.echo(tokenizer) or {})}
+        return found or None
 
     def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
         """defaults: the checkpoint's generation_config.json sampling for what the request leaves unset."""

@@ -114,8 +114,11 @@ def chat_messages(system: str | None, messages: list) -> list[ChatMessage]:
 
 
 def content_blocks(message: dict) -> list[dict]:
-    """A chat message's text and tool_calls as Anthropic's content blocks (text first, as Claude writes them)."""
-    blocks = [{"type": "text", "text": message["content"]}] if message.get("content") else []
+    """A chat message's reasoning, text and tool_calls as Anthropic's content blocks (thinking, then text, then
+    tool_use, as Claude writes them; a thinking block's signature is empty: nothing here signs it)."""
+    thought = message.get("reasoning_content")
+    blocks = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought is not None else []
+    blocks += [{"type": "text", "text": message["content"]}] if message.get("content") else []
     for call in message.get("tool_calls") or ():
         blocks.append({"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
                        "name": call["function"]["name"], "input": json.loads(call["function"]["arguments"])})

@@ -7,7 +7,7 @@ from pydantic import (AfterValidator, BaseModel, Field, StrictBool, StrictInt, S
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from batchinfer.jobs.endpoints import chat_tools, tool_defs
+from batchinfer.jobs.endpoints import chat_tools, reasoning, tool_defs
 from batchinfer.jobs.endpoints.fields import LOGPROBS_RULE, MAX_TOP_LOGPROBS, Text, token_text, usage
 from batchinfer.jobs.endpoints.sampling import Sampling
 
@@ -60,6 +60,16 @@ class ChatMessage(BaseModel):
         return self
 
 
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt", "tokenize")
+
+
+def _no_reserved_keys(value: dict) -> dict:
+    taken = sorted(set(value) & set(RESERVED_TEMPLATE_VARIABLES))
+    if taken:
+        raise PydanticCustomError("invalid_field", f"{taken[0]!r} is set by the server, not by chat_template_kwargs")
+    return value
+
+
 class ChatBody(Sampling):
     PROMPT_FIELD: ClassVar[str] = "messages"
 
@@ -72,6 +82,11 @@ class ChatBody(Sampling):
     tool_choice: Annotated[Any, AfterValidator(tool_defs.check_choice)] = Field(
         None, description='"none", "auto", "required" or {"type": "function", "function": {"name"}}, with tools')
     parallel_tool_calls: StrictBool | None = Field(None, description="true or false, with tools")  # type: ignore[assignment]
+    chat_template_kwargs: Annotated[dict[str, StrictStr | StrictBool | StrictInt | float | None],
+                                    AfterValidator(_no_reserved_keys)] | None = Field(
+        None, description='an object of template variables (vLLM\'s: {"enable_thinking": false})')
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="one of none, minimal, low, medium, high (a variable of the template, where it reads one)")
 
     @field_validator("top_logprobs")
     @classmethod
@@ -98,8 +113,12 @@ class ChatBody(Sampling):
     def tool_mode(self) -> str:
         return tool_defs.choice_mode(self.tool_choice, self.tools)
 
+    def template_variables(self) -> dict[str, Any]:
+        effort = {"reasoning_effort": self.reasoning_effort} if self.reasoning_effort else {}
+        return {**(self.chat_template_kwargs or {}), **effort}
+
     def prompt_text(self, tokenizer) -> str:
-        return chat_tools.prompt_text(tokenizer, self.messages, self.tools)
+        return chat_tools.prompt_text(tokenizer, self.messages, self.tools, self.template_variables())
 
     def constraint(self) -> tuple[str, str] | None:
         forced = chat_tools.forced_constraint(self.tools, self.tool_mode(), self.parallel_tool_calls is not False)
@@ -110,16 +129,22 @@ class ChatBody(Sampling):
         return (["tool_choice"] if forced else []) + super().constraints_given()
 
     def echo(self, tokenizer) -> dict[str, Any] | None:
-        """What the result body needs to read calls back: the format, the mode, the functions' names."""
-        return chat_tools.echo(tokenizer, self.tools, self.tool_mode(), self.parallel_tool_calls is not False)
+        """What the result body needs to read calls and reasoning back: the format, the mode, the functions' names,
+        the tokens that end a thought."""
+        found = {**(chat_tools.echo(tokenizer, self.tools, self.tool_mode(), self.parallel_tool_calls is not False) or {}),
+                 **(reasoning.echo(tokenizer) or {})}
+        return found or None
 
 
 def result_body(rid: str, model: str, result, echo: dict | None = None) -> dict:
-    """A `chat.completion`: one choice per sample, usage counting the prompt once."""
+    """A `chat.completion`: one choice per sample, usage counting the prompt once (and every sample's reasoning)."""
     samples = getattr(result, "samples", None) or [result]
+    counted = usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)
+    if echo and "think_end_ids" in echo:
+        thought = sum(reasoning.token_count(list(s.output_token_ids), echo["think_end_ids"], s.text) for s in samples)
+        counted["completion_tokens_details"] = {"reasoning_tokens": thought}
     return {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(result.last_token_time),
-            "model": model, "choices": [choice(i, s, echo, rid) for i, s in enumerate(samples)],
-            "usage": usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens)}
+            "model": model, "choices": [choice(i, s, echo, rid) for i, s in enumerate(samples)], "usage": counted}
 
 
 def choice(index: int, result, echo: dict | None = None, rid: str = "") -> dict:

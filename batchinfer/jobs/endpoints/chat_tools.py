@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from batchinfer.jobs.endpoints import tool_defs, tool_formats
+from batchinfer.jobs.endpoints import reasoning, tool_defs, tool_formats
 from batchinfer.jobs.endpoints.fields import template_message
 
 
@@ -14,18 +14,19 @@ def template_format(tokenizer) -> str:
     return tool_formats.detect(getattr(tokenizer, "chat_template", None))
 
 
-def prompt_text(tokenizer, messages: list, tools: list[dict] | None) -> str:
-    """The prompt as transformers' apply_chat_template(messages, tools=...) renders it; a template without tools gets
-    them in a system message of ours, and earlier calls and results as text it can print."""
+def prompt_text(tokenizer, messages: list, tools: list[dict] | None, variables: dict | None = None) -> str:
+    """The prompt as transformers' apply_chat_template(messages, tools=..., **variables) renders it; a template without
+    tools gets them in a system message of ours, and earlier calls and results as text it can print."""
+    variables = variables or {}
     if not tools and not any(m.tool_calls or m.role == "tool" for m in messages):
         return tokenizer.apply_chat_template([template_message(m.role, m.content) for m in messages],
-                                             add_generation_prompt=True, tokenize=False)
+                                             add_generation_prompt=True, tokenize=False, **variables)
     if template_format(tokenizer) == "generic":
         return tokenizer.apply_chat_template(_generic_messages(messages, tools), add_generation_prompt=True,
-                                             tokenize=False)
+                                             tokenize=False, **variables)
     rendered = _template_messages(messages)
     extra = {"tools": tools} if tools else {}
-    return tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra)
+    return tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=False, **extra, **variables)
 
 
 def _template_messages(messages: list) -> list[dict]:
@@ -94,6 +95,13 @@ def echo(tokenizer, tools: list[dict] | None, mode: str, parallel: bool) -> dict
 def message(text: str, finish_reason: str, echo: dict | None, call_prefix: str) -> tuple[dict, str]:
     """The assistant message of a sample and its finish_reason: calls read from the text where the line has tools
     (a forced line's JSON, else the model's own format); calls that name no function of the line's are not calls."""
+    thought, text = reasoning.split(text) if echo and "think_end_ids" in echo else (None, text)
+    shown = {"reasoning_content": thought, "reasoning": thought} if thought is not None else {}  # vLLM's two names
+    message, finish = _calls(text, finish_reason, echo, call_prefix)
+    return {**message, **shown}, finish
+
+
+def _calls(text: str, finish_reason: str, echo: dict | None, call_prefix: str) -> tuple[dict, str]:
     if not echo or "tool_mode" not in echo:
         return {"role": "assistant", "content": text}, finish_reason
     mode = echo["tool_mode"]

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, V
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
-from batchinfer.jobs.endpoints import chat_tools, responses_tools, tool_defs
+from batchinfer.jobs.endpoints import chat_tools, reasoning, responses_tools, tool_defs
 from batchinfer.jobs.endpoints.fields import (MAX_METADATA_PAIRS, MAX_METADATA_VALUE, ROLES, MaxTokens, NonEmptyText,
                                               Number, Role, Text, template_message)
 from batchinfer.jobs.endpoints.responses_tools import FunctionCallItem, FunctionCallOutputItem
@@ -123,7 +123,7 @@ class ResponsesBody(BaseModel):
 
     def echo(self, tokenizer=None) -> dict[str, Any]:
         """What the Response object repeats of the request, and what reading calls back needs (chat_tools.echo)."""
-        tools = chat_tools.echo(tokenizer, *self._chat()) if tokenizer is not None else None
+        tools = {**(chat_tools.echo(tokenizer, *self._chat()) or {}), **(reasoning.echo(tokenizer) or {})} if tokenizer is not None else {}
         return {"instructions": self.instructions, "metadata": self.metadata or {},
                 "max_output_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "text": {"format": self.text_format()}, "tools": self.tools or [],
@@ -138,6 +138,8 @@ def result_body(rid: str, model: str, result, echo: dict[str, Any] | None = None
     incomplete = result.finish_reason == "length"
     status = "incomplete" if incomplete else "completed"
     message, _ = chat_tools.message(result.text, result.finish_reason, echo, rid)
+    thought = reasoning.token_count(list(result.output_token_ids), echo["think_end_ids"], result.text) if (
+        "think_end_ids" in echo) else 0
     return {"id": f"resp_{rid}", "object": "response", "created_at": int(result.arrival_time), "status": status,
             "model": model, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
@@ -149,5 +151,5 @@ def result_body(rid: str, model: str, result, echo: dict[str, Any] | None = None
             "top_p": echo.get("top_p"), "text": echo.get("text") or {"format": {"type": "text"}},
             "usage": {"input_tokens": result.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": 0},
-                      "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": thought},
                       "total_tokens": result.prompt_tokens + result.completion_tokens}}

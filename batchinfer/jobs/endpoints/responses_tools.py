@@ -81,8 +81,12 @@ def chat_messages(instructions: str | None, items: list, template_message) -> li
 
 
 def output_items(message: dict, rid: str, status: str) -> list[dict]:
-    """A chat message as a Response's output: its text a message item, each call a function_call item."""
+    """A chat message as a Response's output: its reasoning a reasoning item, its text a message item, each call a
+    function_call item."""
     items = []
+    if message.get("reasoning_content") is not None:  # a thinking checkpoint's reasoning, before its answer
+        items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": status,
+                      "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
     if message.get("content") or not message.get("tool_calls"):
         items.append({"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": status, "content": [
             {"type": "output_text", "text": message.get("content") or "", "annotations": [], "logprobs": []}]})
