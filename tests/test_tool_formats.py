@@ -28,6 +28,7 @@ RECORDED = {  # (format, output): (content, calls)
     ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_current_weather", '
                 '"arguments": {"city": "Paris", "unit": "celsius"}}]'): (None, [ADD, WEATHER]),
     ("mistral", 'Sure. [TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}'): ("Sure.", [ADD]),
+    ("mistral", '[{"name": "add", "arguments": {"a": 1, "b": 2}}]'): (None, [ADD]),  # the marker skipped as special
 }
 NOT_CALLS = [("hermes", "The weather in Paris is sunny."), ("hermes", "<tool_call>{not json}</tool_call>"),
              ("hermes", '<tool_call>{"arguments": {"a": 1}}</tool_call>'),  # no name

@@ -131,8 +131,9 @@ def _llama3(text: str) -> tuple[str, list[Call]]:
 
 def _mistral(text: str) -> tuple[str, list[Call]]:
     start = text.find("[TOOL_CALLS]")
-    if start < 0:
-        return text, []
+    if start < 0:  # the marker is a special token, which decoding skips: the array of calls is left
+        calls = _calls_in(_loads(text.strip()), "arguments") if text.strip().startswith("[{") else None
+        return ("", calls) if calls else (text, [])
     rest = text[start + len("[TOOL_CALLS]"):].strip()
     if "[ARGS]" in rest:  # the newer format: name[ARGS]{...} per call
         pieces = [p.split("[ARGS]", 1) for p in rest.split("[TOOL_CALLS]")]
