@@ -93,8 +93,9 @@ def echo(tokenizer, tools: list[dict] | None, mode: str, parallel: bool) -> dict
 
 
 def message(text: str, finish_reason: str, echo: dict | None, call_prefix: str) -> tuple[dict, str]:
-    """The assistant message of a sample and its finish_reason: calls read from the text where the line has tools
-    (a forced line's JSON, else the model's own format); calls that name no function of the line's are not calls."""
+    """The assistant message of a sample and its finish_reason: a thinking template's reasoning split off first, then
+    calls read from the text where the line has tools (a forced line's JSON, else the model's own format); calls that
+    name no function of the line's are not calls."""
     thought, text = reasoning.split(text) if echo and "think_end_ids" in echo else (None, text)
     shown = {"reasoning_content": thought, "reasoning": thought} if thought is not None else {}  # vLLM's two names
     message, finish = _calls(text, finish_reason, echo, call_prefix)
