@@ -165,3 +165,12 @@ def test_a_call_of_a_function_the_line_did_not_give_is_content():
     text = '<tool_call>{"name": "rm", "arguments": {"path": "/"}}</tool_call>'
     choice = chat.result_body("abc", "m", _Result(text), echo)["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": text} and choice["finish_reason"] == "stop"
+
+
+def test_tool_choice_none_renders_the_tools_and_reads_no_calls(tiny_tokenizer):
+    body = chat.ChatBody.model_validate({"messages": CONVERSATION[1:2], "tools": [ADD], "tool_choice": "none"})
+    assert "You can call functions." in body.prompt_text(tiny_tokenizer)
+    assert body.constraint() is None and body.echo(tiny_tokenizer) is None
+    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    assert chat.result_body("abc", "m", _Result(text), body.echo(tiny_tokenizer))["choices"][0]["message"] == {
+        "role": "assistant", "content": text}
