@@ -1,6 +1,7 @@
-"""A batch past its metadata.max_error_rate stops at the commit that passed it (SQLite, no service): its unstarted
-requests are cancelled, its finished ones kept, the reason in its errors, and it ends failed; under the limit, or
-before max_error_rate_after requests finished, it runs on. Bad limits are refused at submit time."""
+"""What a unit's commit does to its batch beyond the counts (SQLite, no service). A batch past its
+metadata.max_error_rate stops at the commit that passed it: its unstarted requests are cancelled, its finished ones
+kept, the reason in its errors, and it ends failed; under the limit, or before max_error_rate_after requests finished,
+it runs on. Bad limits are refused at submit time. Reasoning tokens are added to the batch's usage."""
 from __future__ import annotations
 
 import time
@@ -89,3 +90,13 @@ def test_a_bad_limit_is_refused_at_submit_naming_it(ctx, metadata, param):
     with pytest.raises(InvalidRequest) as refused:
         check_metadata(ctx, metadata)
     assert refused.value.param == param and param in str(refused.value)
+
+
+def test_a_commit_adds_its_reasoning_tokens_to_the_batch_usage(ctx):
+    from batchinfer.jobs.views.batch_view import batch_object
+
+    _job(ctx, {})
+    records = {RequestKey("j", i): UnitResult("j", i, i + 1, ok=True, record={}, reasoning_tokens=7) for i in range(4)}
+    assert units.commit_unit(ctx, "u", "result-key", records) is not None
+    with ctx.sessions() as session:
+        assert batch_object(session.get(Job, "j"))["usage"]["output_tokens_details"] == {"reasoning_tokens": 28}

@@ -64,6 +64,7 @@ class Job(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # of thinking outputs
     errors: Mapped[list] = mapped_column(JSON, default=list)  # [{line, code, param, message}]
     error_count: Mapped[int] = mapped_column(Integer, default=0)
     input_key: Mapped[str | None] = mapped_column(String(512))

@@ -1,4 +1,5 @@
-"""A batch its owner paused: when it was paused (the job's `<state>_at` of its `paused` status)
+"""A batch its owner paused: when it was paused (the job's `<state>_at` of its `paused` status); the reasoning tokens
+of a thinking model's outputs, counted into the batch's usage
 
 Revision ID: 0018_pause
 Revises: 0015_idempotency_keys
@@ -16,8 +17,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("paused_at", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("reasoning_tokens", sa.BigInteger(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("reasoning_tokens")
         batch.drop_column("paused_at")

@@ -35,3 +35,10 @@ def result_body(url: str, rid: str, model: str, results: list, echo: dict | None
     if url == embeddings.EMBEDDINGS_URL:
         return embeddings.result_body(model, results, echo)
     return _RESULT_BODIES[url](rid, model, results[0], echo)
+
+
+def reasoning_tokens(body: dict) -> int:
+    """The reasoning tokens a result body's usage counts (chat's and Responses' shapes; 0 where there are none)."""
+    usage = body.get("usage") or {}
+    details = usage.get("completion_tokens_details") or usage.get("output_tokens_details") or {}
+    return int(details.get("reasoning_tokens") or 0)

@@ -217,6 +217,7 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
                  for key, rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
     unfinished = _add_to_job_counts(session, records)
+    _add_reasoning(session, records)
     error_rate.stop_past_limit(session, job_ids)  # a job past its max_error_rate stops (it is locked above)
     n_ok = sum(1 for r in records.values() if r.ok)
     return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished,
@@ -238,6 +239,16 @@ def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozen
                                    or counts.completed + counts.failed < counts.total):
             unfinished.add(job_id)
     return frozenset(unfinished)
+
+
+def _add_reasoning(session, records: dict[RequestKey, UnitResult]) -> None:
+    """A thinking model's reasoning tokens into its jobs' usage (apart from Counts: live progress does not show them)."""
+    by_job: dict[str, int] = defaultdict(int)
+    for key, rec in records.items():
+        by_job[key.job_id] += rec.reasoning_tokens
+    for job_id, thought in sorted(by_job.items()):
+        if thought:
+            session.execute(update(Job).where(Job.id == job_id).values(reasoning_tokens=Job.reasoning_tokens + thought))
 
 
 def stop_running(ctx: AppContext, unit_id: str, attempt: int, job_id: str, indexes: list[int], expired: bool) -> int:

@@ -32,7 +32,7 @@ def batch_object(job: Job) -> dict:
         "errors": {"object": "list", "data": errors, "count": job.error_count or len(errors)} if errors else None,
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
         "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
-                  "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                  "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": job.reasoning_tokens or 0},
                   "total_tokens": prompt + completion},
         "metadata": job.metadata_ or {},
         **{name: _int(getattr(job, name)) for name in TIMESTAMPS},
