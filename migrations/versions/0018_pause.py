@@ -2,14 +2,14 @@
 of a thinking model's outputs, counted into the batch's usage
 
 Revision ID: 0018_pause
-Revises: 0015_idempotency_keys
+Revises: 0017_unit_chunks
 """
 from alembic import op
 import sqlalchemy as sa
 
 
 revision = "0018_pause"
-down_revision = "0015_idempotency_keys"
+down_revision = "0017_unit_chunks"
 branch_labels = None
 depends_on = None
 

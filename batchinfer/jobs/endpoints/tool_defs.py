@@ -56,17 +56,17 @@ def _check_tool(k: int, tool: Any) -> str:
         raise _refuse(f'tool {k} ({name!r}): function.parameters must be a JSON schema of "type": "object"')
     reason = _compile_problem(json.dumps(parameters, sort_keys=True))
     if reason is not None:
-        raise _refuse(f"tool {k} ({name!r}): function.parameters is not a JSON schema we can hold output to: {reason}")
+        raise _refuse(f"tool {k} ({name!r}): function.parameters cannot be served: {reason}")
     return name
 
 
 @lru_cache(maxsize=256)
 def _compile_problem(schema: str) -> str | None:
-    from batchinfer.engine.sampling.grammar import check_constraint  # lazy: xgrammar, for lines with tools only
+    from batchinfer.engine.sampling.grammar_check import check_constraint  # lazy: xgrammar, for lines with tools only
 
     reason = check_constraint("json_schema", schema)
-    # the library's message starts with its time and source position: the reason is what follows
-    return re.sub(r"^\[[\d:]+\] \S+: ", "", reason) if reason else None
+    # the library's message carries its time and source position: the reason is what follows
+    return re.sub(r"\[[\d:]+\] \S+: ", "", reason) if reason else None
 
 
 def check_choice(choice: Any) -> Any:
