@@ -66,6 +66,8 @@ TABLE: dict[str, ErrorCode] = _codes(
     ErrorCode("batch_cancelled", OPENAI, (RUN,), "the batch was cancelled before the request finished"),
     ErrorCode("batch_expired", OPENAI, (RUN,), "the completion window passed before the request finished"),
     ErrorCode("server_error", OPENAI, (RUN, BATCH), "the server failed the request (or the batch's validation)"),
+    ErrorCode("max_error_rate_exceeded", OURS, (BATCH,),
+              "the share of failed requests passed the batch's metadata max_error_rate: it stopped, failed"),
     # the HTTP API
     ErrorCode("invalid_api_key", OPENAI, (HTTP,), "a key that is wrong or revoked (401)"),
     ErrorCode("rate_limit_exceeded", OPENAI, (HTTP,), "too many requests for this key (429, Retry-After)"),
@@ -174,3 +176,11 @@ def batch_not_found(batch_id: str) -> str:
 
 def cannot_cancel(status: str) -> str:
     return f"Cannot cancel a batch with status {status!r}."
+
+
+def cannot_pause(status: str) -> str:
+    return f"Cannot pause a batch with status {status!r}: only a queued or in_progress batch pauses."
+
+
+def cannot_resume(status: str) -> str:
+    return f"Cannot resume a batch with status {status!r}: only a paused batch resumes."

@@ -16,6 +16,7 @@ from .pipeline_command import bench_pipeline_command
 from .plan_accuracy import bench_plan_command
 from .process_command import bench_process_command
 from .startup_command import bench_startup_command
+from .tool_lines import bench_tools_command
 from .support.prerequisites import Missing
 
 PACKAGES = {"llama_cpp": "make llamacpp (a source build of llama.cpp and its Python binding)"}
@@ -46,6 +47,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks o
 for name, command in (("compare", bench), ("grouping", bench_grouping_command), ("api", bench_api_command),
                       ("process", bench_process_command), ("startup", bench_startup_command),
                       ("load", bench_load_command), ("pipeline", bench_pipeline_command), ("plan", bench_plan_command),
-                      ("constrained", bench_constrained_command), ("make-model", bench_make_model_command),
+                      ("constrained", bench_constrained_command), ("tools", bench_tools_command), ("make-model", bench_make_model_command),
                       ("fidelity", bench_fidelity_command), ("formats", bench_formats_command)):
     app.command(name)(missing_in_one_line(command))

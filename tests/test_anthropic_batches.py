@@ -115,7 +115,7 @@ def test_list_pages_newest_first(api):  # noqa: F811
 
 
 BAD_PARAMS = {  # custom_id: (params, what the error names)
-    "tools": ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "'tools'"),
+    "tools": ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "'tools'"),
     "thinking": ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),
     "image": ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content"),
     "hot": ({"temperature": 1.5}, "'temperature'"),
@@ -152,3 +152,28 @@ def test_duplicate_custom_ids_are_refused(api):  # noqa: F811
     with pytest.raises(anthropic.BadRequestError) as caught:
         c.messages.batches.create(requests=[request("same", "Hi!"), request("same", "Hello!")])
     assert "requests.1.custom_id" in caught.value.body["error"]["message"]
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_tool_lines_come_back_as_tool_use_blocks_the_sdk_parses(api):  # noqa: F811
+    c = client(api, new_key(api))
+    asked = "What is the weather in Paris?"
+    follow_up = [{"role": "user", "content": asked},
+                 {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                    "input": {"city": "Paris"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]
+    batch = c.messages.batches.create(requests=[
+        request("any", asked, 48, tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True}),
+        request("named", asked, 48, tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"}),
+        {"custom_id": "result", "params": {"model": MODEL, "max_tokens": 8, "tools": [WEATHER], "messages": follow_up}}])
+    wait_ended(c, batch.id)
+    results = {r.custom_id: r.result for r in c.messages.batches.results(batch.id)}
+    for custom_id in ("any", "named"):
+        message = results[custom_id].message
+        assert message.stop_reason == "tool_use", message
+        (block,) = [b for b in message.content if b.type == "tool_use"]
+        assert block.name == "get_weather" and isinstance(block.input["city"], str) and block.id.startswith("toolu_")
+    assert results["result"].type == "succeeded"

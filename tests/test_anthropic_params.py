@@ -34,7 +34,7 @@ def _lines(*requests: dict) -> bytes:
 
 def test_create_keeps_bad_params_for_validation_and_each_fails_alone(tiny_tokenizer):
     data = _lines(_request("ok", system=[{"type": "text", "text": "Be terse."}], stop_sequences=["\n"], top_k=3),
-                  _request("tools", tools=[{"name": "t"}]), _request("hot", temperature=1.5),
+                  _request("thinking", thinking={"type": "enabled", "budget_tokens": 1024}), _request("hot", temperature=1.5),
                   _request("prefill", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "H"}]),
                   _request("image", messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]),
                   _request("nope", model="claude-x"))
@@ -44,7 +44,7 @@ def test_create_keeps_bad_params_for_validation_and_each_fails_alone(tiny_tokeni
     assert (sampling.max_tokens, sampling.top_k, sampling.stop) == (4, 3, ("\n",))
     assert tiny_tokenizer.decode(valid[0].request.prompt_token_ids).count("Be terse.") == 1
     assert [(e.custom_id, e.code, e.param) for e in invalid] == [
-        ("tools", "unsupported_parameter", "body.tools"), ("hot", "decimal_above_max_value", "body.temperature"),
+        ("thinking", "unsupported_parameter", "body.thinking"), ("hot", "decimal_above_max_value", "body.temperature"),
         ("prefill", "invalid_value", "body.messages"), ("image", "invalid_value", "body.messages[0].content"),
         ("nope", "model_not_found", "body.model")]
     assert [e.per_request for e in invalid] == [True, True, True, True, False]  # the model: skip_invalid runs the rest
@@ -81,3 +81,55 @@ def test_a_refused_request_is_errored_and_a_succeeded_one_a_message():
             "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
     succeeded = anthropic.result({"custom_id": "s", "response": {"status_code": 200, "body": body}, "error": None})
     assert succeeded["type"] == "succeeded" and succeeded["message"]["content"][0]["text"] == "Hello"
+
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_a_conversation_with_tool_use_and_tool_result_renders_as_its_chat_equivalent(tiny_tokenizer):
+    from batchinfer.jobs.endpoints.chat import ChatBody
+
+    params = anthropic.Params.model_validate({"model": MODEL, "max_tokens": 8, "system": "Be brief.", "tools": [WEATHER],
+                                              "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                     {"type": "text", "text": "And so?"}]}]})
+    chat = ChatBody.model_validate({"tools": [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city", "parameters": WEATHER["input_schema"]}}], "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}, {"role": "user", "content": "And so?"}]})
+    assert params.prompt_text(tiny_tokenizer) == chat.prompt_text(tiny_tokenizer)
+    assert "<tool_response>\nsunny\n</tool_response>" in params.prompt_text(tiny_tokenizer)
+
+
+@pytest.mark.parametrize("params,param,says", [
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "body.tools", "tool 0: each tool must be a custom tool"),
+    ({"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]}, "body.tools", "tool 0 ('bad name')"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}}, "body.tool_choice", "must name one of tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, "body.tool_choice.type", "auto"),
+])
+def test_a_bad_tool_request_ends_errored_naming_the_problem(tiny_tokenizer, params, param, says):
+    report, valid, invalid = _validate(tiny_tokenizer, _lines(_request("t", **params)))
+    assert not valid and [(e.code, e.param) for e in invalid] == [(invalid[0].code, param)] and says in invalid[0].message
+
+
+def test_a_forced_tool_choice_is_a_grammar_and_its_calls_come_back_as_tool_use_blocks():
+    params = anthropic.Params.model_validate({"model": MODEL, "max_tokens": 8, "tools": [WEATHER],
+                                              "messages": [{"role": "user", "content": "Hi"}],
+                                              "tool_choice": {"type": "any", "disable_parallel_tool_use": True}})
+    assert params.params(8).guided[0] == "tool_calls" and params.constraints_given() == ["tool_choice"]
+    body = {"id": "chatcmpl-x", "model": MODEL, "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+            "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_x_0_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                "finish_reason": "tool_calls"}]}
+    message = anthropic.message(body)
+    assert message["stop_reason"] == "tool_use" and message["content"] == [
+        {"type": "tool_use", "id": "toolu_x_0_0", "name": "get_weather", "input": {"city": "Oslo"}}]
+    from anthropic.types import Message
+
+    assert Message.model_validate(message).content[0].input == {"city": "Oslo"}

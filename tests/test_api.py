@@ -129,6 +129,26 @@ def test_cancel_keeps_finished_results(api):
     assert final.request_counts.completed == len(done)
 
 
+def test_pause_and_resume_over_http(api):
+    c, other = client(api, new_key(api)), client(api, new_key(api, "other"))
+    ids = [f"p{i}" for i in range(12)]
+    uploaded = c.files.create(file=("in.jsonl", jsonl([chat_line(i, f"Count to {n + 5}.", max_tokens=24)
+                                                       for n, i in enumerate(ids)])), purpose="batch")
+    batch = c.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    while c.batches.retrieve(batch.id).status == "validating":
+        time.sleep(0.1)
+    paused = c.post(f"/batches/{batch.id}/pause", cast_to=openai.types.Batch)
+    assert paused.status == "paused" and c.batches.retrieve(batch.id).status == "paused"
+    with pytest.raises(openai.NotFoundError):  # another tenant's batch
+        other.post(f"/batches/{batch.id}/resume", cast_to=openai.types.Batch)
+    resumed = c.post(f"/batches/{batch.id}/resume", cast_to=openai.types.Batch)
+    assert resumed.status in ("queued", "in_progress", "finalizing", "completed")
+    final = wait_final(c, batch.id)
+    assert final.status == "completed" and sorted(o["custom_id"] for o in lines_of(c, final.output_file_id)) == sorted(ids)
+    with pytest.raises(openai.ConflictError, match="Cannot pause a batch with status 'completed'"):
+        c.post(f"/batches/{batch.id}/pause", cast_to=openai.types.Batch)
+
+
 def test_a_bad_file_fails_with_errors_naming_each_line(api):
     c = client(api, new_key(api))
     bad = jsonl([chat_line("ok", "Hi"), "{not json", json.dumps({"custom_id": "x", "method": "POST",

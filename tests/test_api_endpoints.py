@@ -31,13 +31,17 @@ def test_a_responses_batch_gives_response_objects(api):  # noqa: F811
     uploaded = c.files.create(file=("in.jsonl", jsonl([
         responses_line("text", input="Hi!", instructions="Be brief.", metadata={"k": "v"}),
         responses_line("items", input=items),
-        responses_line("tools", input="Hi!", tools=[{"type": "function", "name": "f"}])])), purpose="batch")
+        responses_line("call", input="What is 1 plus 2?", max_output_tokens=24, tools=[ADD],
+                       tool_choice={"type": "function", "name": "add"}),
+        responses_line("reasoning", input="Hi!", reasoning={"effort": "low"})])), purpose="batch")
     batch = c.batches.create(input_file_id=uploaded.id, endpoint="/v1/responses", completion_window="24h",
                              extra_body={"skip_invalid": True})
     batch = wait_final(c, batch.id)
     assert batch.status == "completed" and batch.endpoint == "/v1/responses"
     out = {o["custom_id"]: Response.model_validate(o["response"]["body"]) for o in lines_of(c, batch.output_file_id)}
-    assert sorted(out) == ["items", "text"]
+    assert sorted(out) == ["call", "items", "text"]
+    (call,) = out.pop("call").output  # held to the function's parameters by the grammar
+    assert call.type == "function_call" and call.name == "add" and set(json.loads(call.arguments)) == {"a", "b"}
     for response in out.values():
         assert response.object == "response" and response.status in ("completed", "incomplete")
         assert response.output[0].type == "message" and response.output_text
@@ -46,9 +50,13 @@ def test_a_responses_batch_gives_response_objects(api):  # noqa: F811
     assert out["text"].metadata == {"k": "v"} and out["text"].instructions == "Be brief."
     assert out["text"].usage.input_tokens == out["items"].usage.input_tokens  # instructions = a system item
     (refused,) = lines_of(c, batch.error_file_id)
-    assert refused["custom_id"] == "tools" and refused["error"]["code"] == "unsupported_parameter"
-    assert refused["response"]["status_code"] == 400 and refused["response"]["body"]["error"]["param"] == "tools"
-    assert refused["error"]["param"] == "body.tools"
+    assert refused["custom_id"] == "reasoning" and refused["error"]["code"] == "unsupported_parameter"
+    assert refused["response"]["status_code"] == 400 and refused["response"]["body"]["error"]["param"] == "reasoning"
+    assert refused["error"]["param"] == "body.reasoning"
+
+
+ADD = {"type": "function", "name": "add", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
 
 
 def embedding_line(custom_id: str, **body) -> str:

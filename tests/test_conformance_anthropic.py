@@ -64,7 +64,7 @@ def test_create_refuses_a_batch_whose_requests_are_malformed_naming_the_field(cl
 
 def test_each_request_with_bad_params_ends_errored_alone_while_the_rest_succeed(client):
     bad = {  # custom_id: (params, the error type, what its message names)
-        "tools": ({"tools": [{"name": "t", "input_schema": {"type": "object"}}]}, "invalid_request_error", "'tools'"),
+        "tools": ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "invalid_request_error", "'tools'"),
         "hot": ({"temperature": 1.5}, "invalid_request_error", "'temperature'"),
         "no-max-tokens": ({"max_tokens": None}, "invalid_request_error", "max_tokens"),
         "stream": ({"stream": True}, "invalid_request_error", "Streaming is not supported"),

@@ -168,8 +168,8 @@ SPLIT = {  # endpoint: (the refused body's line, its code, the param as the endp
     "/v1/chat/completions": (line("bad", messages=[{"rolez": "user", "contentz": "Hi"}]), "missing_required_parameter",
                              "messages[0].role"),
     "/v1/completions": (line("bad", "/v1/completions", max_tokens=0), "integer_below_min_value", "max_tokens"),
-    "/v1/responses": (line("bad", "/v1/responses", tools=[{"type": "function", "name": "f"}]), "unsupported_parameter",
-                      "tools"),
+    "/v1/responses": (line("bad", "/v1/responses", reasoning={"effort": "low"}), "unsupported_parameter",
+                      "reasoning"),
     "/v1/embeddings": (line("bad", "/v1/embeddings", dimensions=0), "integer_below_min_value", "dimensions"),
 }
 
@@ -202,7 +202,8 @@ def test_every_code_of_a_refused_body(client):
         "too-hot": ({"temperature": 3}, "decimal_above_max_value", "temperature"),
         "few-tokens": ({"max_tokens": 0}, "integer_below_min_value", "max_tokens"),
         "many-logprobs": ({"logprobs": True, "top_logprobs": 21}, "integer_above_max_value", "top_logprobs"),
-        "tools": ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
+        "functions": ({"functions": [{"name": "f"}]}, "unsupported_parameter", "functions"),
+        "bad-tool": ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "invalid_value", "tools"),
         "no-messages": ({"messages": []}, "empty_array", "messages"),
         "empty-regex": ({"guided_regex": ""}, "empty_string", "guided_regex"),
         "many-choices": ({"guided_choice": [str(i) for i in range(301)]}, "array_above_max_length", "guided_choice"),

@@ -54,8 +54,8 @@ def test_the_fields_reach_the_sampling_params_and_survive_the_prepared_file(tiny
     ({"logit_bias": {"99999999": 1}}, "body.logit_bias", "invalid_value"),  # outside the vocabulary
     ({"stop_token_ids": [99999999]}, "body.stop_token_ids", "invalid_value"),
     ({"min_tokens": 9, "max_tokens": 4}, "body.min_tokens", "invalid_value"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "body.tools", "unsupported_parameter"),
-    ({"parallel_tool_calls": True}, "body.parallel_tool_calls", "unsupported_parameter"),
+    ({"functions": [{"name": "f"}]}, "body.functions", "unsupported_parameter"),  # the deprecated form of tools
+    ({"parallel_tool_calls": True}, "body.parallel_tool_calls", "invalid_value"),  # only with tools
     ({"audio": {"voice": "alloy"}}, "body.audio", "unsupported_parameter"),
     ({"response_format": {"type": "xml"}}, "body.response_format", "invalid_value"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}},

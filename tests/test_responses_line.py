@@ -42,7 +42,10 @@ def test_string_input_and_message_items_are_the_same_prompt(tiny_tokenizer):
 
 
 @pytest.mark.parametrize("body, param, code", [
-    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}]}, "body.tools", "unsupported_parameter"),
+    ({"input": "Hi", "tools": [{"type": "web_search"}]}, "body.tools", "invalid_value"),  # a built-in tool
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f g"}]}, "body.tools", "invalid_value"),
+    ({"input": "Hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+     "body.tool_choice", "invalid_value"),
     ({"input": "Hi", "reasoning": {"effort": "low"}}, "body.reasoning", "unsupported_parameter"),
     ({"input": "Hi", "previous_response_id": "resp_1"}, "body.previous_response_id", "unsupported_parameter"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
@@ -106,3 +109,46 @@ def test_text_format_holds_the_output_to_a_schema_and_the_response_repeats_it(ti
     response = Response.model_validate(body)
     assert response.text is not None and response.text.format.type == "json_schema"
     assert json.loads(response.output_text) == {"label": "yes"}
+
+
+ADD = {"type": "function", "name": "add", "description": "Add two integers", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}
+
+
+def test_function_call_items_render_as_the_chat_conversation_they_are(tiny_tokenizer):
+    from batchinfer.jobs.endpoints.chat import ChatBody
+    from batchinfer.jobs.endpoints.responses import ResponsesBody
+
+    body = ResponsesBody.model_validate({"instructions": "Be brief.", "tools": [ADD], "input": [
+        {"role": "user", "content": "1+2, 3+4?"},
+        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 1, "b": 2}'},
+        {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 3, "b": 4}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "3"},
+        {"type": "function_call_output", "call_id": "c2", "output": "7"}]})
+    chat = ChatBody.model_validate({"tools": [{"type": "function", "function": {k: v for k, v in ADD.items() if k != "type"}}],
+                                    "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+2, 3+4?"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}},
+            {"id": "c2", "type": "function", "function": {"name": "add", "arguments": '{"a": 3, "b": 4}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"}, {"role": "tool", "tool_call_id": "c2", "content": "7"}]})
+    assert body.prompt_text(tiny_tokenizer) == chat.prompt_text(tiny_tokenizer)
+
+
+def test_a_forced_call_comes_back_as_a_function_call_item_the_sdk_parses(tiny_tokenizer):
+    from openai.types.responses import Response
+
+    from batchinfer.jobs.endpoints.responses import ResponsesBody, result_body
+
+    body = ResponsesBody.model_validate({"input": "1+2?", "tools": [ADD], "tool_choice": {"type": "function", "name": "add"},
+                                         "max_output_tokens": 16})
+    assert body.params(16).guided[0] == "tool_calls" and body.constraints_given() == ["tool_choice"]
+
+    class Result:
+        text, finish_reason, arrival_time = '{"a": 1, "b": 2}', "stop", 1796582057.0
+        prompt_tokens, completion_tokens, cached_tokens = 9, 8, 0
+
+    parsed = Response.model_validate(result_body("abc", MODEL, Result(), body.echo(tiny_tokenizer)))
+    (call,) = parsed.output
+    assert (call.type, call.name, call.call_id, call.arguments) == ("function_call", "add", "call_abc_0", '{"a": 1, "b": 2}')
+    assert parsed.tools[0].name == "add" and parsed.tool_choice.name == "add" and parsed.parallel_tool_calls is True

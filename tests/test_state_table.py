@@ -12,7 +12,7 @@ from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitSta
 from batchinfer.db.session import transaction
 from batchinfer.errors import JobConflict
 from batchinfer.jobs.records import Origin, RequestKey
-from batchinfer.jobs.state import ending, table, units
+from batchinfer.jobs.state import ending, pausing, table, units
 from batchinfer.jobs.state import intake as state
 
 pytestmark = pytest.mark.fast
@@ -153,3 +153,76 @@ def test_fail_validation_moves_only_a_validating_job(make_context, status):
         job = session.get(Job, "j")
     assert job.status == (JobStatus.FAILED if status == JobStatus.VALIDATING else status)
     assert (job.errors == []) == (status != JobStatus.VALIDATING)
+
+
+@pytest.mark.parametrize("status", list(JobStatus))
+def test_pause_follows_the_table(make_context, status):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        session.add(_job("j", status))
+    if table.PAUSE_JOB.allows(status) or status == JobStatus.PAUSED:  # pausing again answers as it is
+        pausing.pause(ctx, "j", now=2.0)
+        with ctx.sessions() as session:
+            job = session.get(Job, "j")
+            assert job.status == JobStatus.PAUSED and job.paused_at == (2.0 if status != JobStatus.PAUSED else None)
+    else:
+        with pytest.raises(JobConflict, match=f"Cannot pause a batch with status '{status}'"):
+            pausing.pause(ctx, "j", now=2.0)
+
+
+@pytest.mark.parametrize("started", [True, False])
+def test_resume_goes_back_to_where_the_job_was(make_context, started):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        session.add(_job("j", JobStatus.PAUSED, in_progress_at=1.0 if started else None))
+    pausing.resume(ctx, "j")
+    with ctx.sessions() as session:
+        job = session.get(Job, "j")
+        assert job.status == (JobStatus.IN_PROGRESS if started else JobStatus.QUEUED)
+        assert job.in_progress_at == (1.0 if started else None)  # its first start is kept
+
+
+@pytest.mark.parametrize("status", list(JobStatus))
+def test_resume_refuses_what_is_neither_paused_nor_running(make_context, status):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        session.add(_job("j", status))
+    if status in (JobStatus.PAUSED, *JobStatus.RUNNABLE):
+        pausing.resume(ctx, "j")
+    else:
+        with pytest.raises(JobConflict, match=f"Cannot resume a batch with status '{status}'"):
+            pausing.resume(ctx, "j")
+
+
+@pytest.mark.parametrize("unit_status", [UnitStatus.QUEUED, UnitStatus.RUNNING])
+def test_a_pause_takes_back_requests_only_from_units_not_started(make_context, unit_status):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        _rows(session, "unit", unit_status)
+    pausing.pause(ctx, "j", now=2.0)
+    with ctx.sessions() as session:
+        request = session.scalar(select(Request))
+    if unit_status == UnitStatus.QUEUED:  # its unit starts without it; the dispatch after the resume plans it again
+        assert (request.status, request.unit_id) == (RequestStatus.PENDING, None)
+    else:
+        assert (request.status, request.unit_id) == (RequestStatus.PLANNED, "u")
+
+
+def test_a_unit_that_starts_while_its_job_is_paused_runs_none_of_it(make_context):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        _rows(session, "unit", UnitStatus.QUEUED)
+        session.get(Job, "j").status = JobStatus.PAUSED
+    started = units.start_unit(ctx, "u", "w")
+    assert started is not None and started.to_run == {}
+
+
+def test_a_paused_job_past_its_window_expires(make_context):
+    ctx = make_context()
+    with transaction(ctx.sessions) as session:
+        _rows(session, "request", RequestStatus.PENDING)
+        job = session.get(Job, "j")
+        job.status, job.expires_at = JobStatus.PAUSED, time.time() - 1
+    assert ending.expire_overdue(ctx, time.time()) == ["j"]
+    with ctx.sessions() as session:
+        assert session.scalar(select(Request.status)) == RequestStatus.EXPIRED

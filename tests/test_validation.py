@@ -97,7 +97,8 @@ def test_openai_wording_of_each_problem(tiny_tokenizer):
     assert [(e.code, e.message) for e in report.request_errors] == [
         ("missing_required_parameter", "Missing required parameter: 'messages[0].role'."),
         ("invalid_type", "Invalid type for 'temperature': expected a number, but got a string instead."),
-        ("unsupported_parameter", "Unsupported parameter: 'tools' is not supported by this server.")]
+        ("invalid_value", "Invalid value for 'tools': tool 0: each tool must be {\"type\": \"function\", \"function\": "
+                          "{\"name\", \"parameters\"}} (got [{'type': 'function'}]).")]
 
 
 def test_strict_limits_make_a_refused_body_fail_the_batch(tiny_tokenizer):

@@ -153,6 +153,21 @@ def cancel(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scop
     return shown(ctx, [service.cancel(ctx, batch_id, owner=owner)])[0]
 
 
+@router.post("/{batch_id}/pause")
+def pause(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
+    """Ours: no new unit starts, running ones finish, the window keeps running (409 unless queued or in_progress)."""
+    return shown(ctx, [service.pause(ctx, batch_id, owner=owner)])[0]
+
+
+@router.post("/{batch_id}/resume")
+def resume(batch_id: str, request: Request, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
+    """Ours: a paused batch runs again (409 unless paused or running)."""
+    job = service.resume(ctx, batch_id, owner=owner)
+    if job.status in JobStatus.RUNNABLE:
+        request.app.state.work.dispatch_soon()
+    return shown(ctx, [job])[0]
+
+
 @router.get("/{batch_id}/prefix_groups")
 def prefix_groups(batch_id: str, ctx: AppContext = Depends(context), owner=Depends(scope)) -> dict:
     service.get(ctx, batch_id, owner=owner)

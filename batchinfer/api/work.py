@@ -62,6 +62,19 @@ class WorkQueue:
         except ValidationDeferred as exc:  # kept `validating`: the sweep validates it again
             log.warning("%s (%s)", exc, deferred_cause(exc))
 
+    def dispatch_soon(self) -> None:
+        """Plan what a resumed batch has left: here when embedded, else a dispatch task (if the broker does not answer,
+        the sweep dispatches pending work of a runnable batch after worker_ttl_s)."""
+        if self._fair is not None:
+            self._run_soon()
+            return
+        try:
+            from workers.tasks import trigger_dispatch  # lazy: celery, which only the cluster mode needs
+
+            trigger_dispatch()
+        except Exception as exc:
+            log.warning("could not ask for a dispatch (%s); the sweep will dispatch", one_line(exc))
+
     def _run_soon(self) -> None:
         """One run queued at most: a run dispatches everything queued when it starts."""
         assert self._local is not None

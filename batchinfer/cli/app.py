@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from batchinfer.cli import batches, services, submit
+from batchinfer.cli import batches, pausing, services, submit
 from batchinfer.cli.bench_command import bench_command
 from batchinfer.cli.keys import keys_app
 
@@ -13,7 +13,7 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_comp
 for command in (submit.submit, submit.plan, batches.status):
     app.command()(command)
 app.command("list")(batches.list_)
-for command in (batches.cancel, batches.download, submit.run, services.worker, services.serve):
+for command in (batches.cancel, pausing.pause, pausing.resume, batches.download, submit.run, services.worker, services.serve):
     app.command()(command)
 app.add_typer(services.db_app, name="db")
 app.add_typer(keys_app, name="keys")

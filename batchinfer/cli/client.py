@@ -69,6 +69,12 @@ class ApiClient:
     def cancel(self, batch_id: str) -> dict:
         return self._call("POST", f"/v1/batches/{batch_id}/cancel")
 
+    def pause(self, batch_id: str) -> dict:
+        return self._call("POST", f"/v1/batches/{batch_id}/pause")
+
+    def resume(self, batch_id: str) -> dict:
+        return self._call("POST", f"/v1/batches/{batch_id}/resume")
+
     def retry(self, batch_id: str, codes: Sequence[str], completion_window: str | None) -> dict:
         body = {"error_codes": codes or None, "completion_window": completion_window}
         return self._wait_validated(self._call("POST", f"/v1/batches/{batch_id}/retry", json=body))

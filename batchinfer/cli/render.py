@@ -14,7 +14,7 @@ from batchinfer.jobs.views.reports import GroupFigures
 from batchinfer.planner import PlanEstimate
 from batchinfer.settings import Settings
 
-TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at",
+TIMESTAMPS = ("created_at", "queued_at", "in_progress_at", "paused_at", "finalizing_at", "completed_at", "failed_at",
               "expired_at", "cancelling_at", "cancelled_at", "expires_at")
 
 

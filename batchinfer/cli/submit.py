@@ -65,7 +65,7 @@ def submit(file: Path = typer.Argument(..., help=FILE_HELP),
         say(f"job {job.id} was cancelled while it validated: nothing of it runs")
     else:
         _report_refused(service.bad_lines(ctx, job, SHOWN_LINES), quiet=as_json)
-        _run_or_dispatch(ctx, job, quiet=as_json)
+        run_or_dispatch(ctx, job, quiet=as_json)
     job = service.get(ctx, job.id)
     if as_json:
         print(json.dumps(batch_object(job)))
@@ -141,7 +141,7 @@ def retry(job_id: str,
     if job.status == JobStatus.FAILED:
         say(f"job {job.id} (the retry) failed validation")
     else:
-        _run_or_dispatch(ctx, job, quiet=as_json)
+        run_or_dispatch(ctx, job, quiet=as_json)
     job = service.get(ctx, job.id)
     print(json.dumps(batch_object(job)) if as_json else job.id)
 
@@ -227,7 +227,7 @@ def _first_named_model(file: Path) -> str | None:
         return None
 
 
-def _run_or_dispatch(ctx, job, quiet: bool) -> None:
+def run_or_dispatch(ctx, job, quiet: bool) -> None:
     """Without a broker the batch runs here; with one, a dispatch is asked for."""
     if ctx.settings.embedded:
         _run_in_process(ctx, job, quiet)

@@ -21,6 +21,7 @@ class JobStatus(StrEnum):
     EXPIRED = "expired"
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
+    PAUSED = "paused"  # its owner paused it: no new unit starts, running ones finish, the window keeps running
     TERMINAL = nonmember((COMPLETED, FAILED, EXPIRED, CANCELLED))
     RUNNABLE = nonmember((QUEUED, IN_PROGRESS))
 
@@ -63,6 +64,7 @@ class Job(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # of thinking outputs
     errors: Mapped[list] = mapped_column(JSON, default=list)  # [{line, code, param, message}]
     error_count: Mapped[int] = mapped_column(Integer, default=0)
     input_key: Mapped[str | None] = mapped_column(String(512))
@@ -78,6 +80,7 @@ class Job(Base):
     expired_at: Mapped[float | None] = mapped_column(Float)
     cancelling_at: Mapped[float | None] = mapped_column(Float)
     cancelled_at: Mapped[float | None] = mapped_column(Float)
+    paused_at: Mapped[float | None] = mapped_column(Float)  # its latest pause
     finalize_attempts: Mapped[int] = mapped_column(Integer, default=0)
     finalize_after: Mapped[float | None] = mapped_column(Float)  # a FINALIZING job may be retried from then on
     owner_id: Mapped[str | None] = mapped_column(String(64))  # the API key that made it; None from the local CLI

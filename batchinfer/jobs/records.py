@@ -154,6 +154,7 @@ class UnitResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of a thinking checkpoint's output; counted into the job at commit, not in the file
 
     @property
     def key(self) -> RequestKey:

@@ -18,7 +18,7 @@ from batchinfer.jobs.records import loads
 from batchinfer.jobs.state import intake as intake_state
 from batchinfer.jobs.intake.validate_job import validate_job
 from batchinfer.jobs.finalize.finalize import try_finalize
-from batchinfer.jobs.state import ending
+from batchinfer.jobs.state import ending, pausing
 
 
 def submit(ctx: AppContext, source: BinaryIO, filename: str = "", model: str | None = None,
@@ -106,6 +106,19 @@ def cancel(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWN
     """Stop what has not started; everything finished so far is kept in the output."""
     ending.cancel(ctx, job_id, now or time.time(), lambda job: owner is ANY_OWNER or job.owner_id == owner)
     try_finalize(ctx, job_id)  # at once when nothing of it runs; else the sweep finishes it
+    return get(ctx, job_id)
+
+
+def pause(ctx: AppContext, job_id: str, now: float | None = None, owner=ANY_OWNER) -> Job:
+    """No new unit of it starts; running ones finish and count; its window keeps running."""
+    pausing.pause(ctx, job_id, now or time.time(), lambda job: owner is ANY_OWNER or job.owner_id == owner)
+    return get(ctx, job_id)
+
+
+def resume(ctx: AppContext, job_id: str, owner=ANY_OWNER) -> Job:
+    """Runnable again: the next dispatch plans what is left (the caller asks for one); ended at once when nothing is."""
+    pausing.resume(ctx, job_id, lambda job: owner is ANY_OWNER or job.owner_id == owner)
+    try_finalize(ctx, job_id)
     return get(ctx, job_id)
 
 

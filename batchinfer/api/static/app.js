@@ -104,7 +104,7 @@ async function renderDetail(id) {
     ? `${b.status} · waiting for ${b.waiting_for.join(" and ")} (unreachable since ${when(b.waiting_since)})` : b.status;
   $("d-status").className = "status " + b.status + (b.waiting_for ? " waiting" : "");
   const steps = [["created", b.created_at], ["validated", b.queued_at], ["in progress", b.in_progress_at],
-    ["cancelling", b.cancelling_at], ["finalizing", b.finalizing_at], ["completed", b.completed_at],
+    ["paused", b.paused_at], ["cancelling", b.cancelling_at], ["finalizing", b.finalizing_at], ["completed", b.completed_at],
     ["failed", b.failed_at], ["expired", b.expired_at], ["cancelled", b.cancelled_at]];
   const seen = steps.filter(([, t]) => t).sort((a, b) => a[1] - b[1]);  // in the order they happened
   $("d-timeline").replaceChildren(...seen.map(([name, t]) => el("li", `${name}: ${when(t)}`)));

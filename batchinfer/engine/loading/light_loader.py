@@ -56,8 +56,9 @@ class LightTokenizer:
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True):
-        text = self._compiled().render(messages, add_generation_prompt)
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False, tokenize: bool = True, **variables):
+        """variables: what else the template reads (tools, enable_thinking), as transformers passes them."""
+        text = self._compiled().render(messages, add_generation_prompt, **variables)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def _compiled(self) -> ShapeRenderer:
@@ -67,8 +68,10 @@ class LightTokenizer:
             from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazy: jinja2, when a chat template renders
 
             # The same environment options transformers uses, so the rendering is identical.
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = _strftime_now
+            env.filters["tojson"] = _tojson  # jinja's own escapes <, > and & as HTML: tool schemas would differ
             self._template = ShapeRenderer(env.from_string(self.chat_template),
                                            contents_only_printed(self.chat_template, env), self.special)
         return self._template
@@ -122,6 +125,16 @@ def _read_json(path: Path) -> dict:
 
 def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    from datetime import datetime  # Llama 3.1's template dates its system prompt
+
+    return datetime.now().strftime(fmt)
 
 
 def _raise(message: str):

@@ -39,11 +39,13 @@ class ShapeRenderer:
         self._template, self._substitutable, self._variables = template, substitutable, variables
         self._pieces: dict[tuple, list[str] | None] = {}
 
-    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        pieces = self._shape_pieces(messages, add_generation_prompt) if self._plain(messages) else None
+    def render(self, messages: list[dict], add_generation_prompt: bool, **variables) -> str:
+        """variables (tools, enable_thinking...) change the rendering beyond the shape: such a call renders in full."""
+        plain = self._plain(messages) and not any(v is not None for v in variables.values())
+        pieces = self._shape_pieces(messages, add_generation_prompt) if plain else None
         if pieces is None:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **self._variables)
+                                         **(self._variables | variables))
         out = [pieces[0]]
         for message, after in zip(messages, pieces[1:]):
             out += [message["content"], after]

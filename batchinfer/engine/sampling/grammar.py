@@ -1,6 +1,8 @@
 """Grammar-constrained decoding with xgrammar (imported on first use: engines that run no constrained request
-never load it). A constraint is (kind, spec): ("json_schema", schema JSON), ("json_object", ""), ("regex", pattern)
-or ("choice", JSON list of strings). Grammars are compiled once per distinct constraint per engine; each constrained
+never load it). A constraint is (kind, spec): ("json_schema", schema JSON), ("json_object", ""), ("regex", pattern),
+("choice", JSON list of strings) or ("tool_calls", schema JSON): a schema whose JSON is written on one line, as
+json.dumps writes it (a forced tool call: small models held to a schema that allows any whitespace write newlines
+until max_tokens). Grammars are compiled once per distinct constraint per engine; each constrained
 request has its own matcher; its token bitmask is filled and applied to its logits row only, and the stop tokens
 are allowed only where the grammar can end."""
 from __future__ import annotations
@@ -10,15 +12,17 @@ from typing import Any
 import torch
 
 from .grammar_budget import over_budget
-from .grammar_check import choice_ebnf
+from .grammar_check import COMPACT_SEPARATORS, choice_ebnf
 from .grammar_deadline import constraint_key, within_deadline
 
-KINDS = ("json_schema", "json_object", "regex", "choice")
+KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
 
 
 def _compiled_by(compiler: Any, kind: str, spec: str) -> Any:
     if kind == "json_schema":
         return compiler.compile_json_schema(spec)
+    if kind == "tool_calls":
+        return compiler.compile_json_schema(spec, any_whitespace=False, separators=COMPACT_SEPARATORS)
     if kind == "json_object":
         return compiler.compile_builtin_json_grammar()
     if kind == "regex":

@@ -26,7 +26,7 @@ def over_budget(kind: str, spec: str) -> str | None:
     """The bound this constraint passes, as a phrase ("the schema nests 850 levels deep; at most 64"), or None."""
     if len(spec.encode()) > MAX_SPEC_BYTES:
         return f"it is {len(spec.encode())} bytes of JSON; at most {MAX_SPEC_BYTES}"
-    if kind == "json_schema":
+    if kind in ("json_schema", "tool_calls"):  # tool_calls: a forced call's schema, the same bounds
         return _schema_problem(spec)
     if kind == "regex":
         return _pattern_problem(spec, "the regex")

@@ -7,6 +7,8 @@ import json
 from .grammar_budget import over_budget
 from .grammar_deadline import CHECKS, CompileTooSlow, within_deadline
 
+COMPACT_SEPARATORS = (", ", ": ")  # the "tool_calls" kind's layout, with no whitespace elsewhere (grammar.py)
+
 
 def check_constraint(kind: str, spec: str) -> str | None:
     """Why this constraint cannot be served, as a clause ("it is over a bound of docs/limits.md: ...", "it cannot be
@@ -24,6 +26,8 @@ def _check(kind: str, spec: str) -> str | None:
     try:
         if kind == "json_schema":
             within_deadline(lambda: xgr.Grammar.from_json_schema(spec))
+        elif kind == "tool_calls":
+            within_deadline(lambda: xgr.Grammar.from_json_schema(spec, any_whitespace=False, separators=COMPACT_SEPARATORS))
         elif kind == "regex":
             within_deadline(lambda: xgr.Grammar.from_regex(spec))
         elif kind == "choice":

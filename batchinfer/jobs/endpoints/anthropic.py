@@ -8,34 +8,24 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
 from batchinfer.errors import InvalidRequest, shown
+from batchinfer.jobs.endpoints import anthropic_tools, chat_tools, reasoning, tool_defs
+from batchinfer.jobs.endpoints.anthropic_tools import Block, TextBlock
 from batchinfer.jobs.endpoints.fields import MAX_STOP, MaxTokens, NonEmptyText, Number, Text
 
 MESSAGES_ENDPOINT = "/v1/messages"  # the endpoint of a job made through the Message Batches API, and its lines' url
 CUSTOM_ID_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"  # Anthropic's rule
 
 
-class TextBlock(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text"]
-    text: Text
-    cache_control: dict[str, Any] | None = None  # accepted: our prefix cache needs no hint
-
-
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["user", "assistant"]
-    content: Text | Annotated[list[TextBlock], Field(min_length=1)]
-
-    @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+    content: Text | Annotated[list[Block], Field(min_length=1)]
 
 
 def _ends_with_user(messages: list[Message]) -> list[Message]:
@@ -64,13 +54,35 @@ class Params(BaseModel):
         None, description=f"a list of up to {MAX_STOP} non-empty strings")
     metadata: dict[str, Any] | None = None  # accepted and not used (user_id)
     stream: Literal[False] | None = None  # a batch result is never streamed
+    tools: Annotated[list, AfterValidator(anthropic_tools.check_tools)] | None = Field(
+        None, description='a list of custom tools {"name", "description", "input_schema"}')
+    thinking: None = Field(None, description="absent (extended thinking is not served here)")
+    tool_choice: anthropic_tools.ToolChoice | None = Field(
+        None, description='an object {"type": "auto" | "any" | "tool" | "none", "name"?, "disable_parallel_tool_use"?}')
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool(cls, value, info: ValidationInfo):
+        if value is not None and "tools" in info.data:
+            named = tool_defs.names(anthropic_tools.function_tools(info.data["tools"]))
+            if value.type == "tool" and value.name not in named:
+                raise PydanticCustomError("invalid_field", "of type tool must name one of tools")
+        return value
+
+    def _chat(self) -> tuple[list[dict] | None, str, bool]:
+        """(function tools, the chat mode, parallel calls) this request runs with."""
+        tools = anthropic_tools.function_tools(self.tools)
+        choice, parallel = anthropic_tools.chat_choice(self.tool_choice)
+        return tools, tool_defs.choice_mode(choice, tools), parallel
 
     def prompt_text(self, tokenizer) -> str:
         system = self.system if isinstance(self.system, str) or self.system is None else "".join(
             b.text for b in self.system)
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": m.role, "content": m.text} for m in self.messages]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return chat_tools.prompt_text(tokenizer, anthropic_tools.chat_messages(system, self.messages), self._chat()[0])
+
+    def echo(self, tokenizer) -> dict[str, Any] | None:
+        found = {**(chat_tools.echo(tokenizer, *self._chat()) or {}), **(reasoning.echo(tokenizer) or {})}
+        return found or None
 
     def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
         """defaults: the checkpoint's generation_config.json sampling for what the request leaves unset."""
@@ -80,13 +92,13 @@ class Params(BaseModel):
                               top_p=float(d.get("top_p", 1.0) if self.top_p is None else self.top_p),
                               top_k=d.get("top_k", 0) if self.top_k is None else self.top_k,
                               repetition_penalty=float(d.get("repetition_penalty", 1.0)),
-                              stop=tuple(self.stop_sequences or ()))
+                              stop=tuple(self.stop_sequences or ()), guided=self.constraint())
 
-    def constraint(self) -> None:
-        return None
+    def constraint(self) -> tuple[str, str] | None:
+        return chat_tools.forced_constraint(*self._chat())
 
     def constraints_given(self) -> list[str]:
-        return []
+        return ["tool_choice"] if self.constraint() is not None else []
 
 
 class BatchRequest(BaseModel):
@@ -156,7 +168,7 @@ def input_lines(body: CreateBody) -> bytes:
 
 UNFINISHED = {"batch_cancelled": "canceled", "batch_expired": "expired"}
 ERROR_TYPES = {"model_not_found": "not_found_error", "server_error": "api_error"}
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def result(entry: dict) -> dict:
@@ -179,7 +191,7 @@ def message(body: dict) -> dict:
     choice, usage = body["choices"][0], body["usage"]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"id": "msg_" + body["id"].removeprefix("chatcmpl-"), "type": "message", "role": "assistant",
-            "model": body["model"], "content": [{"type": "text", "text": choice["message"]["content"]}],
+            "model": body["model"], "content": anthropic_tools.content_blocks(choice["message"]),
             **stop(choice),
             "usage": {"input_tokens": usage["prompt_tokens"] - cached, "output_tokens": usage["completion_tokens"],
                       "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}

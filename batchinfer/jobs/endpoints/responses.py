@@ -1,17 +1,19 @@
-"""`/v1/responses`: a line's body (text input as a string or message items, instructions and sampling), and its
-result body (a Response). What we do not serve (tools, reasoning, previous_response_id, images) is refused by
-name, per line."""
+"""`/v1/responses`: a line's body (text input as a string or message and function call items, instructions, sampling,
+function tools), and its result body (a Response). What we do not serve (built-in tools, reasoning,
+previous_response_id, images) is refused by name, per line."""
 from __future__ import annotations
 
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from batchinfer.engine.types import SamplingParams
+from batchinfer.jobs.endpoints import chat_tools, reasoning, responses_tools, tool_defs
 from batchinfer.jobs.endpoints.fields import (MAX_METADATA_PAIRS, MAX_METADATA_VALUE, ROLES, MaxTokens, NonEmptyText,
                                               Number, Role, Text, template_message)
+from batchinfer.jobs.endpoints.responses_tools import FunctionCallItem, FunctionCallOutputItem
 
 RESPONSES_URL = "/v1/responses"
 NOT_SUPPORTED = "absent (not supported here)"
@@ -49,8 +51,8 @@ class ResponsesBody(BaseModel):
     PROMPT_FIELD: ClassVar[str] = "input"
     model_config = ConfigDict(extra="ignore")
 
-    input: NonEmptyText | Annotated[list[InputMessage], Field(min_length=1)] = Field(
-        description="a non-empty string or a non-empty array of message items")
+    input: NonEmptyText | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)] = Field(
+        description="a non-empty string or a non-empty array of message, function_call and function_call_output items")
     instructions: Text | None = Field(None, description="a string")
     max_output_tokens: MaxTokens | None = Field(None, description="an integer >= 1")
     temperature: Annotated[Number, Field(ge=0, le=2)] | None = Field(None, description="a number in [0, 2]")
@@ -58,8 +60,11 @@ class ResponsesBody(BaseModel):
     metadata: Annotated[dict[str, Annotated[str, Field(max_length=MAX_METADATA_VALUE)]],
                         Field(max_length=MAX_METADATA_PAIRS)] | None = Field(
         None, description=f"an object of at most {MAX_METADATA_PAIRS} string values")
-    tools: None = Field(None, description=NOT_SUPPORTED)
-    tool_choice: None = Field(None, description=NOT_SUPPORTED)
+    tools: Annotated[list, AfterValidator(responses_tools.check_tools)] | None = Field(
+        None, description='a list of {"type": "function", "name", "description", "parameters"}')
+    tool_choice: Annotated[Any, AfterValidator(responses_tools.check_choice)] = Field(
+        None, description='"none", "auto", "required" or {"type": "function", "name"}')
+    parallel_tool_calls: StrictBool | None = Field(None, description="true or false")
     reasoning: None = Field(None, description=NOT_SUPPORTED)
     previous_response_id: None = Field(None, description=NOT_SUPPORTED)
     conversation: None = Field(None, description=NOT_SUPPORTED)
@@ -69,11 +74,23 @@ class ResponsesBody(BaseModel):
     text_config: Annotated[dict, AfterValidator(_text_config)] | None = Field(
         None, alias="text", description='an object {"format": {"type": "text" | "json_object" | "json_schema", ...}}')
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool(cls, value, info: ValidationInfo):
+        if isinstance(value, dict) and "tools" in info.data and value["name"] not in tool_defs.names(
+                responses_tools.function_tools(info.data["tools"])):
+            raise PydanticCustomError("invalid_field", "names no function of tools")
+        return value
+
+    def _chat(self) -> tuple[list[dict] | None, str, bool]:
+        """(function tools, the chat mode, parallel calls) this line runs with."""
+        tools = responses_tools.function_tools(self.tools)
+        return tools, tool_defs.choice_mode(responses_tools.chat_choice(self.tool_choice), tools), self.parallel_tool_calls is not False
+
     def prompt_text(self, tokenizer) -> str:
         items = [InputMessage(role="user", content=self.input)] if isinstance(self.input, str) else self.input
-        messages = ([{"role": "system", "content": self.instructions}] if self.instructions else []) + [
-            template_message(m.role, m.content) for m in items]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        messages = responses_tools.chat_messages(self.instructions, items, template_message)
+        return chat_tools.prompt_text(tokenizer, messages, self._chat()[0])
 
     def params(self, default_max_tokens: int, defaults: dict | None = None) -> SamplingParams:
         """defaults: the checkpoint's generation_config.json sampling for what the line leaves unset."""
@@ -89,38 +106,50 @@ class ResponsesBody(BaseModel):
         return (self.text_config or {}).get("format") or {"type": "text"}
 
     def constraint(self) -> tuple[str, str] | None:
-        """The grammar `text.format` holds the output to (engine/sampling/grammar.py's (kind, spec)), or None."""
+        """The grammar a forced tool_choice or `text.format` holds the output to (engine/sampling/grammar.py's
+        (kind, spec)), or None."""
+        forced = chat_tools.forced_constraint(*self._chat())
+        if forced is not None:
+            return forced
         fmt = self.text_format()
         if fmt["type"] == "json_schema":
             return "json_schema", json.dumps(fmt["schema"], sort_keys=True)
         return ("json_object", "") if fmt["type"] == "json_object" else None
 
     def constraints_given(self) -> list[str]:
-        return ["text.format"] if self.constraint() is not None else []
+        forced = chat_tools.forced_constraint(*self._chat()) is not None
+        fmt = self.text_format()["type"] in ("json_object", "json_schema")
+        return (["tool_choice"] if forced else []) + (["text.format"] if fmt else [])
 
-    def echo(self) -> dict[str, Any]:
-        """What the Response object repeats of the request."""
+    def echo(self, tokenizer=None) -> dict[str, Any]:
+        """What the Response object repeats of the request, and what reading calls back needs (chat_tools.echo)."""
+        tools = {**(chat_tools.echo(tokenizer, *self._chat()) or {}), **(reasoning.echo(tokenizer) or {})} if tokenizer is not None else {}
         return {"instructions": self.instructions, "metadata": self.metadata or {},
                 "max_output_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "text": {"format": self.text_format()}}
+                "text": {"format": self.text_format()}, "tools": self.tools or [],
+                "tool_choice": self.tool_choice or ("auto" if self.tools else "none"),
+                "parallel_tool_calls": self.parallel_tool_calls is not False, **(tools or {})}
 
 
 def result_body(rid: str, model: str, result, echo: dict[str, Any] | None = None) -> dict:
-    """A Response object (`openai.types.responses.Response`) holding one assistant message."""
+    """A Response object (`openai.types.responses.Response`): one assistant message, or the calls the model made
+    (function_call items, after any text)."""
     echo = echo or {}
     incomplete = result.finish_reason == "length"
     status = "incomplete" if incomplete else "completed"
-    text = {"type": "output_text", "text": result.text, "annotations": [], "logprobs": []}
+    message, _ = chat_tools.message(result.text, result.finish_reason, echo, rid)
+    thought = reasoning.token_count(list(result.output_token_ids), echo["think_end_ids"], result.text) if (
+        "think_end_ids" in echo) else 0
     return {"id": f"resp_{rid}", "object": "response", "created_at": int(result.arrival_time), "status": status,
             "model": model, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "output": [{"type": "message", "id": f"msg_{rid}", "role": "assistant", "status": status,
-                        "content": [text]}],
-            "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
+            "output": responses_tools.output_items(message, rid, status),
+            "parallel_tool_calls": echo.get("parallel_tool_calls", False), "tool_choice": echo.get("tool_choice", "none"),
+            "tools": echo.get("tools") or [],
             "instructions": echo.get("instructions"), "metadata": echo.get("metadata") or {},
             "max_output_tokens": echo.get("max_output_tokens"), "temperature": echo.get("temperature"),
             "top_p": echo.get("top_p"), "text": echo.get("text") or {"format": {"type": "text"}},
             "usage": {"input_tokens": result.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": result.cached_tokens, "cache_write_tokens": 0},
-                      "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "output_tokens": result.completion_tokens, "output_tokens_details": {"reasoning_tokens": thought},
                       "total_tokens": result.prompt_tokens + result.completion_tokens}}

@@ -19,6 +19,8 @@ from batchinfer import error_codes as E
 from batchinfer.errors import excerpt, shown
 from batchinfer.jobs.endpoints.anthropic import MESSAGES_ENDPOINT, Params
 from batchinfer.jobs.endpoints.batch_line import InputLine
+from batchinfer.jobs.endpoints.chat import ChatBody
+from batchinfer.jobs.endpoints.completions import CompletionBody
 from batchinfer.jobs.endpoints.embeddings import EMBEDDINGS_URL, EmbeddingsBody
 from batchinfer.jobs.endpoints.kinds import BODIES, Body, KIND_NAMES
 from batchinfer.jobs.endpoints.responses import ResponsesBody
@@ -299,7 +301,21 @@ def _parse_line(number, raw, tokenizer, limits: ValidationLimits, seen_ids: set[
     body = _body(line, custom_id)
     if isinstance(body, EmbeddingsBody):
         return _prepare_embedding(0, number, custom_id, line.url, model, body, tokenizer, limits)
-    return _Parsed(number, custom_id, line.url, model, body, body.prompt_text(tokenizer))
+    return _Parsed(number, custom_id, line.url, model, body, _prompt_text(body, tokenizer, custom_id))
+
+
+def _prompt_text(body: ChatBody | CompletionBody | ResponsesBody | Params, tokenizer, custom_id: str) -> str:
+    """The rendered prompt; a conversation the model's own chat template refuses (it raises on a role order, a tool
+    message it cannot place) is that request's error, in the template's words."""
+    try:
+        return body.prompt_text(tokenizer)
+    except Exception as exc:
+        if not (type(exc).__module__.startswith("jinja2") or isinstance(exc, (ValueError, TypeError))):
+            raise
+        field = type(body).PROMPT_FIELD
+        raise _Rejected(("invalid_value", f"Invalid value for {field!r}: the model's chat template cannot render "
+                         f"them: {excerpt(str(exc) or type(exc).__name__)}.", f"body.{field}", custom_id),
+                        per_request=True) from None
 
 
 def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: ValidationLimits) -> ValidLine:
@@ -311,7 +327,7 @@ def _prepare(p: _Parsed, prompt_ids: list[int], index: int, tokenizer, limits: V
         raise _Rejected(("context_length_exceeded", E.context_exceeded(limits.max_model_len, len(prompt_ids),
                                                                         sampling.max_tokens, prompt_field),
                          f"body.{prompt_field}", custom_id), per_request=True)
-    echo = body.echo() if isinstance(body, ResponsesBody) else None
+    echo = body.echo(tokenizer) if isinstance(body, (ChatBody, Params, ResponsesBody)) else None
     _check_token_ids(sampling, len(tokenizer), custom_id)
     if not isinstance(body, EmbeddingsBody):  # embeddings lines are prepared apart and take no constraint
         _check_constraint(body, custom_id)

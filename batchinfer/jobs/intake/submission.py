@@ -114,7 +114,24 @@ def check_metadata(ctx: AppContext, metadata: dict | None) -> dict:
     webhook_url = metadata.get(webhook_events.METADATA_KEY)
     if webhook_url:
         check_url(webhook_url, ctx.settings.webhook_allow_private)
+    _check_error_rate(metadata)
     return metadata
+
+
+def _check_error_rate(metadata: dict) -> None:
+    """metadata.max_error_rate: a share in (0, 1]; max_error_rate_after: a count >= 1 (jobs.state.error_rate)."""
+    rules = {"max_error_rate": (float, lambda v: 0 < v <= 1, "a number in (0, 1], as a string (\"0.2\")"),
+             "max_error_rate_after": (int, lambda v: v >= 1, "an integer >= 1, as a string (\"50\")")}
+    for key, (kind, ok, rule) in rules.items():
+        if key not in metadata:
+            continue
+        try:
+            good = ok(kind(metadata[key]))
+        except ValueError:
+            good = False
+        if not good:
+            raise InvalidRequest(f"Invalid 'metadata.{key}': expected {rule}, but got {shown(metadata[key])}.",
+                                 code="invalid_value", param=f"metadata.{key}")
 
 
 def check_active_limit(ctx: AppContext, owner_id: str | None) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying, transaction
-from batchinfer.error_codes import batch_not_found, cannot_cancel
+from batchinfer.error_codes import batch_not_found, cannot_cancel, code
 from batchinfer.errors import JobConflict, JobNotFound, shown
 from batchinfer.jobs.state import table as T
 from batchinfer.jobs.state.intake import drop_requests
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 FINALIZE_LEASE_S = 300.0  # a finalize that crashed midway is taken over after this long
 FINALIZE_MAX_ATTEMPTS = 12
 FINALIZE_BACKOFF_S = (2.0, 600.0)  # first retry after 2 s, doubling, at most 10 minutes apart
+STOPPED_CODE = code("max_error_rate_exceeded")  # in the errors of a job that stopped past its max_error_rate (error_rate.py)
+OVERDUE_STATES = (*JobStatus.RUNNABLE, JobStatus.PAUSED)  # a paused job's window keeps running
 
 
 def cancel(ctx: AppContext, job_id: str, now: float, visible: Callable[[Job], bool] = lambda job: True) -> None:
@@ -58,7 +60,7 @@ def expire_overdue(ctx: AppContext, now: float) -> list[str]:
     """Jobs past their completion window: unstarted requests expire (finished ones are kept); returns them,
     for the caller to finalize."""
     def work(session) -> list[str]:
-        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(JobStatus.RUNNABLE), Job.expires_at < now)
+        overdue = list(session.scalars(select(Job.id).where(Job.status.in_(OVERDUE_STATES), Job.expires_at < now)
                                        .order_by(Job.id)))
         for job_id in overdue:
             close_unstarted(session, job_id, T.EXPIRE_UNSTARTED)
@@ -119,7 +121,10 @@ def end_finalized(session: Session, job_id: str, claimed: tuple[bool, int], outp
         return
     job.output_key, job.error_key, job.finalize_after = output_key, error_key, None
     cancelled, _ = claimed
-    T.apply(job, T.END_CANCELLED if cancelled else T.EXPIRE_JOB if expired else T.COMPLETE_JOB, time.time())
+    if cancelled and any(e.get("code") == STOPPED_CODE for e in job.errors or ()):
+        T.apply(job, T.END_STOPPED, time.time())
+    else:
+        T.apply(job, T.END_CANCELLED if cancelled else T.EXPIRE_JOB if expired else T.COMPLETE_JOB, time.time())
     record_final(session, job)
 
 

@@ -35,13 +35,21 @@ CREATE_JOB = Transition("create", "job", (), J.VALIDATING)
 QUEUE_JOB = Transition("queue (validation passed)", "job", (J.VALIDATING,), J.QUEUED)
 FAIL_VALIDATION = Transition("fail validation", "job", (J.VALIDATING,), J.FAILED)
 START_JOB = Transition("start (its first unit starts)", "job", (J.QUEUED,), J.IN_PROGRESS)
-CANCEL_JOB = Transition("cancel", "job", (J.VALIDATING, J.QUEUED, J.IN_PROGRESS), J.CANCELLING)
-FINALIZE_JOB = Transition("finalize (no request open)", "job", (J.QUEUED, J.IN_PROGRESS, J.CANCELLING), J.FINALIZING)
+CANCEL_JOB = Transition("cancel", "job", (J.VALIDATING, J.QUEUED, J.IN_PROGRESS, J.PAUSED), J.CANCELLING)
+# its failed share passed metadata.max_error_rate: it stops as a cancel does, and ends failed (END_STOPPED)
+STOP_JOB = Transition("stop (past its max_error_rate)", "job", (J.QUEUED, J.IN_PROGRESS, J.PAUSED), J.CANCELLING)
+PAUSE_JOB = Transition("pause (no new unit starts)", "job", (J.QUEUED, J.IN_PROGRESS), J.PAUSED)
+RESUME_STARTED = Transition("resume (a unit of it had started)", "job", (J.PAUSED,), J.IN_PROGRESS)
+RESUME_UNSTARTED = Transition("resume (no unit of it had started)", "job", (J.PAUSED,), J.QUEUED)
+# PAUSED: nothing of it left to run (its last units finished while paused), or expired: its files are made
+FINALIZE_JOB = Transition("finalize (no request open)", "job", (J.QUEUED, J.IN_PROGRESS, J.CANCELLING, J.PAUSED),
+                          J.FINALIZING)
 RETRY_FINALIZE = Transition("retry finalize (after its backoff)", "job", (J.FINALIZING,), J.FINALIZING)
 COMPLETE_JOB = Transition("complete", "job", (J.FINALIZING,), J.COMPLETED)
 EXPIRE_JOB = Transition("end expired", "job", (J.FINALIZING,), J.EXPIRED)
 END_CANCELLED = Transition("end cancelled", "job", (J.FINALIZING,), J.CANCELLED)
 FAIL_FINALIZE = Transition("fail (finalize kept failing)", "job", (J.FINALIZING,), J.FAILED)
+END_STOPPED = Transition("end failed (stopped past its max_error_rate)", "job", (J.FINALIZING,), J.FAILED)
 
 # requests
 ADD_REQUEST = Transition("add (a valid line)", "request", (), R.PENDING)
@@ -58,6 +66,8 @@ DRAIN_REQUEST = Transition("release (its worker drains)", "request", (R.RUNNING,
 CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
 EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
 RELEASE_REQUEST = Transition("release (its unit waits out an outage)", "request", (R.RUNNING,), R.PLANNED)
+# its job paused before its unit started it: back to pending, planned again once the job resumes
+HOLD_PLANNED = Transition("hold (its job paused before its unit started)", "request", (R.PLANNED,), R.PENDING)
 # no live unit holds it (its unit is gone or finished without it): back to pending, for the next dispatch
 REQUEUE_ORPHAN = Transition("requeue orphaned (no live unit holds it)", "request", (R.PLANNED, R.RUNNING), R.PENDING)
 
@@ -69,11 +79,11 @@ RERUN_UNIT = Transition("rerun (its worker is lost)", "unit", (U.RUNNING,), U.QU
 RESEND_UNIT = Transition("resend (its message is lost)", "unit", (U.QUEUED,), U.QUEUED)
 RELEASE_UNIT = Transition("release (a service it needs stayed down)", "unit", (U.RUNNING,), U.QUEUED)
 
-TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
-               EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
-               FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, EXPIRE_ORPHANED, DRAIN_REQUEST,
-               CANCEL_RUNNING, EXPIRE_RUNNING, RELEASE_REQUEST, REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT,
-               RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
+TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, STOP_JOB, PAUSE_JOB, RESUME_STARTED,
+               RESUME_UNSTARTED, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB, EXPIRE_JOB, END_CANCELLED, END_STOPPED, FAIL_FINALIZE,
+               ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST, FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED,
+               CANCEL_ORPHANED, EXPIRE_ORPHANED, DRAIN_REQUEST, CANCEL_RUNNING, EXPIRE_RUNNING, RELEASE_REQUEST, HOLD_PLANNED,
+               REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
 
 
 class Refused(Exception):

@@ -17,6 +17,7 @@ from batchinfer.db.models import Job, JobStatus, Request, UnitChunk, UnitProgres
 from batchinfer.db.session import retrying
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import COUNTERS, Counts, Origin, RequestKey, UnitResult
+from batchinfer.jobs.state import error_rate
 from batchinfer.jobs.state import table as T
 from batchinfer.planner import UnitPlan
 
@@ -208,7 +209,7 @@ def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, Un
         log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
         return None
     held, still_open, records = _count(session, unit_id, records)
-    unfinished = set(_add_to_job_counts(session, records))
+    unfinished = set(_counted(session, records))
     given_back = T.move(session, T.DRAIN_REQUEST, Request.unit_id == unit_id, unit_id=None, unit_pos=None) if give_back else 0
     n_ok = sum(1 for r in records.values() if r.ok)
     if given_back:  # their jobs cannot finish now: no finalize to try
@@ -245,7 +246,7 @@ def commit_chunk(ctx: AppContext, unit_id: str, attempt: int, seq: int, result_k
         if unit is None or unit.status != UnitStatus.RUNNING or unit.attempts != attempt:
             return None
         _, _, counted = _count(session, unit_id, records)
-        _add_to_job_counts(session, counted)
+        _counted(session, counted)
         session.add(UnitChunk(unit_id=unit_id, attempt=attempt, seq=seq, result_key=result_key,
                               requests=len(counted), committed_at=time.time()))
         session.execute(delete(UnitProgress).where(UnitProgress.unit_id == unit_id))
@@ -254,6 +255,25 @@ def commit_chunk(ctx: AppContext, unit_id: str, attempt: int, seq: int, result_k
         return len(counted)
 
     return retrying(ctx.sessions, work)
+
+
+def _counted(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:
+    """The records added to their jobs (locked by _count): counts, reasoning tokens, and a job past its
+    max_error_rate stopped. Returns the jobs that still count fewer finished than total (_add_to_job_counts)."""
+    unfinished = _add_to_job_counts(session, records)
+    _add_reasoning(session, records)
+    error_rate.stop_past_limit(session, sorted({key.job_id for key in records}))
+    return unfinished
+
+
+def _add_reasoning(session, records: dict[RequestKey, UnitResult]) -> None:
+    """A thinking model's reasoning tokens into its jobs' usage (apart from Counts: live progress does not show them)."""
+    by_job: dict[str, int] = defaultdict(int)
+    for key, rec in records.items():
+        by_job[key.job_id] += rec.reasoning_tokens
+    for job_id, thought in sorted(by_job.items()):
+        if thought:
+            session.execute(update(Job).where(Job.id == job_id).values(reasoning_tokens=Job.reasoning_tokens + thought))
 
 
 def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:

@@ -213,7 +213,7 @@ class UnitWatch:
             jobs = {j: (status, expires_at) for j, status, expires_at in session.execute(
                 select(Job.id, Job.status, Job.expires_at).where(Job.id.in_(list(self.by_job))))}
         now = time.time()
-        overdue = {j for j, (status, expires_at) in jobs.items() if expires_at < now and status in JobStatus.RUNNABLE}
+        overdue = {j for j, (status, expires_at) in jobs.items() if expires_at < now and status in ending.OVERDUE_STATES}
         if overdue:
             ending.expire_overdue(self.ctx, now)  # their unstarted requests elsewhere too, once for all of them
         for job_id, keys in sorted(self.by_job.items()):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from batchinfer.jobs.endpoints import batch_line as formats
+from batchinfer.jobs.endpoints import kinds
 from batchinfer.jobs import record_store
 from batchinfer.context import AppContext
 from batchinfer.engine.types import GenerationResult
@@ -153,7 +154,8 @@ class RecordBuilder:
         line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, self.worker, p.echo)
         line["metrics"].update(self.described)
         return UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
-                          sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
+                          sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found),
+                          kinds.reasoning_tokens(line["response"]["body"]))
 
 
 def _cause(exc: BaseException) -> str:

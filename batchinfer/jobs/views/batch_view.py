@@ -32,12 +32,13 @@ def batch_object(job: Job) -> dict:
         "errors": {"object": "list", "data": errors, "count": job.error_count or len(errors)} if errors else None,
         "request_counts": {"total": job.total, "completed": job.completed, "failed": job.failed},
         "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
-                  "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                  "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": job.reasoning_tokens or 0},
                   "total_tokens": prompt + completion},
         "metadata": job.metadata_ or {},
         **{name: _int(getattr(job, name)) for name in TIMESTAMPS},
         # extras beside OpenAI's fields (SDK clients ignore them)
         "queued_at": _int(job.queued_at),
+        "paused_at": _int(job.paused_at),  # its latest pause (status `paused` while it holds)
         "input_filename": job.input_filename or None,
         # services the batch waits for (storage, database, broker) while one is down; null otherwise (jobs.outage)
         "waiting_for": getattr(job, "waiting_for", None),
