@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..layers.linear import RowPlan
 from ..models.spec import ModelSpec
 from .peft_files import AdapterError, PeftAdapter, read_peft_adapter
 from .request import LoRARequest
@@ -41,6 +42,7 @@ class LoRAAdapter:
     request: LoRARequest
     scaling: float
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, engine projection) -> (A, B), float32
+    plan: RowPlan = RowPlan()  # how its matmuls cut rows to stay batch-invariant (probed on its own shapes)
 
     @property
     def nbytes(self) -> int:

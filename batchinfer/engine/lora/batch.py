@@ -2,7 +2,8 @@
 
 Rows are grouped by adapter (not gathered per row, as Punica's BGMV does on a GPU): on CPU a group's two matmuls
 over its rows beat a batched matmul over per-row copies of A and B (docs/adapters.md has the figures). Each
-group's matmuls go through the batch-invariant linear, so a row's delta does not depend on its group's size,
+group's matmuls go through the batch-invariant linear, cut by the row plan probed on the adapter's own shapes (a
+rank-2 A needed a pad of 16 where the base's shapes need 4), so a row's delta does not depend on its group's size,
 and rows of no adapter are never touched: their values stay the base's, bit for bit.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers.linear import RowPlan, linear
+from ..layers.linear import linear
 from .adapter import LoRAAdapter
 
 
@@ -33,13 +34,13 @@ class LoRABatch:
             return None
         return cls([(adapters[k], torch.tensor(r, dtype=torch.int64, device=device)) for k, r in rows.items()])
 
-    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, target: str, plan: RowPlan) -> torch.Tensor:
+    def add(self, y: torch.Tensor, x: torch.Tensor, layer: int, target: str) -> torch.Tensor:
         """y (the base projection of x) plus each row's scaling * B(A(x)), computed in float32."""
         for adapter, rows in self.groups:
             pair = adapter.weights.get((layer, target))
             if pair is None:
                 continue
-            a, b = pair
+            a, b, plan = *pair, adapter.plan
             delta = linear(linear(x.index_select(0, rows).float(), a, plan), b, plan) * adapter.scaling
             y = y.index_add(0, rows, delta.to(y.dtype))
         return y

@@ -158,7 +158,7 @@ class _Linear:
             y = linear(x, weight, self.rows)
         else:
             y = self.packs[self.prefix + name](x)
-        return y if self.lora is None else self.lora.add(y, x, self.layer, name, self.rows)
+        return y if self.lora is None else self.lora.add(y, x, self.layer, name)
 
     def experts(self, name: str, count: int) -> list[Projection]:
         """Each expert's quantized projection `name` ("gate_up_proj", "down_proj")."""

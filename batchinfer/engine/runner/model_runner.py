@@ -17,7 +17,7 @@ import torch
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..config import EngineConfig
 from ..sampling.grammar import GrammarRunner
-from .invariance import probe_row_pad
+from .invariance import probe_linear_plan, probe_row_pad
 from ..loading.checkpoint import CausalLM
 from ..sampling.logits_processors import apply_logits_processors
 from ..sampling.logprobs import sampled_logprobs
@@ -68,7 +68,8 @@ class ModelRunner:
         self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant)
         self._set_row_pad(attention)
         shapes = BaseShapes(self.model.spec, getattr(hf_model.config, "intermediate_size", 0))
-        self.lora = LoRAManager(shapes, config.max_loras, self.device)
+        on_cpu = self.device.type == "cpu"  # as the base: the GPU kernels keep one order per row
+        self.lora = LoRAManager(shapes, config.max_loras, self.device, probe_linear_plan if on_cpu else LoRAManager.no_probe)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "

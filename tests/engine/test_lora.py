@@ -1,0 +1,131 @@
+"""LoRA adapters on our engine against transformers + peft (float32 greedy: identical tokens, logprobs within
+1e-4), rows of the base and of several adapters in one step, and what the adapters must never change: a row's
+output whatever shares its step, the prefix cache of another adapter, an adapter that does not fit the base."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
+from batchinfer.engine.lora import LoRARequest
+from tests.engine.test_model_families import MAX_NEW_TOKENS, assert_exact, family_prompts, hf_reference, record_logprobs
+from tests.engine.tiny_adapters import ALL_LINEAR, build_adapter, peft_model
+from tests.engine.tiny_families import build_family_checkpoint
+
+# family -> two adapters (rank, peft target modules, rslora): phi3 fuses qkv and gate/up in its checkpoint
+ADAPTERS = {
+    "llama": [(8, ALL_LINEAR, False), (4, ["q_proj", "v_proj", "down_proj"], True)],
+    "qwen2": [(16, ["k_proj", "o_proj", "up_proj"], False), (2, ALL_LINEAR, True)],
+    "phi3": [(8, ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], False), (4, ["qkv_proj"], True)],
+}
+PARAMS = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
+def fresh_engine(base: Path, cache: Path, **overrides) -> LLMEngine:
+    config = EngineConfig(dtype="float32", max_num_seqs=8, max_num_batched_tokens=64, kv_cache_bytes=8 << 20,
+                          **overrides)
+    return LLMEngine.from_pretrained(str(base), cache, config)
+
+
+def lora(folder: Path, number: int) -> LoRARequest:
+    return LoRARequest(folder.name, number, str(folder))
+
+
+@pytest.fixture(scope="module", params=list(ADAPTERS))
+def family(request, tmp_path_factory) -> tuple[Path, list[Path]]:
+    root = tmp_path_factory.mktemp(request.param)
+    base = build_family_checkpoint(request.param, root / "base")
+    adapters = [build_adapter(base, root / f"adapter{i + 1}", r, targets, seed=i + 1, rslora=rslora)
+                for i, (r, targets, rslora) in enumerate(ADAPTERS[request.param])]
+    return base, adapters
+
+
+def test_base_and_two_adapters_in_one_batch_match_transformers_and_peft(family, tmp_path):
+    base, adapters = family
+    prompts = family_prompts()[:6]
+    want = {"base": hf_reference(_without_adapters(base), prompts)}
+    for folder in adapters:
+        want[folder.name] = hf_reference(peft_model(base, folder), prompts)
+    assert want[adapters[0].name][0] != want["base"][0] != want[adapters[1].name][0], "each adapter changes the answers"
+    engine = fresh_engine(base, tmp_path / "cache")
+    logprobs = record_logprobs(engine)
+    names = ["base"] + [f.name for f in adapters]
+    loras = {"base": None} | {f.name: lora(f, i + 1) for i, f in enumerate(adapters)}
+    # every prompt under every model, interleaved: each step mixes the base's rows and both adapters'
+    requests = [GenerationRequest(f"{name}-{i}", p, PARAMS, lora_request=loras[name])
+                for i, p in enumerate(prompts) for name in names]
+    results = {r.request_id: r for r in engine.generate(requests)}
+    for name in names:
+        mine = [results[f"{name}-{i}"] for i in range(len(prompts))]
+        assert_exact(mine, logprobs, *want[name], name)
+
+
+def _without_adapters(base: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def test_a_row_does_not_depend_on_the_adapters_sharing_its_step(family, tmp_path):
+    """Bitwise: each request alone (an engine of its own, no cache) against all of them mixed in one step."""
+    base, adapters = family
+    prompts = family_prompts()
+    models = [None, lora(adapters[0], 1), lora(adapters[1], 2)]
+    requests = [GenerationRequest(f"r{i}", p, PARAMS, lora_request=models[i % 3]) for i, p in enumerate(prompts)]
+    mixed = fresh_engine(base, tmp_path / "cache", enable_prefix_caching=False)
+    mixed_logprobs = record_logprobs(mixed)
+    together = mixed.generate(requests)
+    for req, got in zip(requests, together):
+        single = fresh_engine(base, tmp_path / "cache", enable_prefix_caching=False)
+        single_logprobs = record_logprobs(single)
+        alone = single.generate([req])[0]
+        assert got.output_token_ids == alone.output_token_ids, req.request_id
+        assert mixed_logprobs[req.request_id] == single_logprobs[req.request_id], f"{req.request_id}: not bitwise"
+
+
+def test_the_prefix_cache_never_serves_one_adapters_kv_to_another(family, tmp_path):
+    base, adapters = family
+    prompt = family_prompts()[5]  # 70 tokens: four full blocks
+    first, second = lora(adapters[0], 1), lora(adapters[1], 2)
+    engine = fresh_engine(base, tmp_path / "cache")
+    warm = engine.generate([GenerationRequest("first", prompt, PARAMS, lora_request=first)])[0]
+    other = engine.generate([GenerationRequest("second", prompt, PARAMS, lora_request=second)])[0]
+    again = engine.generate([GenerationRequest("again", prompt, PARAMS, lora_request=first)])[0]
+    base_run = engine.generate([GenerationRequest("base", prompt, PARAMS)])[0]
+    assert other.cached_tokens == 0 and base_run.cached_tokens == 0, "another adapter's blocks were served"
+    assert again.cached_tokens >= 64 and again.output_token_ids == warm.output_token_ids
+    cold = fresh_engine(base, tmp_path / "cache").generate([GenerationRequest("cold", prompt, PARAMS, lora_request=second)])
+    assert other.output_token_ids == cold[0].output_token_ids
+
+
+def test_adapters_past_max_loras_are_evicted_least_recently_used(family, tmp_path):
+    base, adapters = family
+    prompts = family_prompts()[:4]
+    models = [lora(adapters[0], 1), lora(adapters[1], 2)]
+    requests = [GenerationRequest(f"r{i}-{j}", p, PARAMS, lora_request=m)
+                for i, p in enumerate(prompts) for j, m in enumerate(models)]
+    roomy = {r.request_id: r.output_token_ids for r in fresh_engine(base, tmp_path / "cache").generate(requests)}
+    tight = fresh_engine(base, tmp_path / "cache", max_loras=1)
+    got = {r.request_id: r.output_token_ids for r in tight.generate(requests)}
+    assert got == roomy
+    assert len(tight.runner.lora.loaded) == 1 and tight.runner.lora.num_loads >= 2
+
+
+def test_an_adapter_of_another_base_is_refused_in_one_line(family, tmp_path):
+    base, adapters = family
+    other = build_family_checkpoint("llama", tmp_path / "other", hidden_size=32, intermediate_size=48)
+    stranger = build_adapter(other, tmp_path / "stranger", 4, ["q_proj"], seed=3)
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters[0], broken)
+    (broken / "adapter_model.safetensors").unlink()
+    engine = fresh_engine(base, tmp_path / "cache")
+    results = engine.generate([GenerationRequest("fine", [5, 6, 7], PARAMS, lora_request=lora(adapters[0], 1)),
+                               GenerationRequest("stranger", [5, 6, 7], PARAMS, lora_request=lora(stranger, 2)),
+                               GenerationRequest("broken", [5, 6, 7], PARAMS, lora_request=lora(broken, 3))])
+    assert results[0].ok
+    assert results[1].error is not None and "do not fit the base" in results[1].error
+    assert results[2].error is not None and "no adapter_model.safetensors" in results[2].error
+    assert all("\n" not in r.error for r in results[1:] if r.error)
