@@ -68,8 +68,18 @@ def model_list(ctx: AppContext) -> list[dict]:
     except ConnectionError:
         served, reachable = served_models(replace(ctx, live_models=None)), False
     known = reachable and ctx.live_models is not None
-    return [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
-             "live": m.live if known else None, "configured": m.configured} for m in served.values()]
+    models = [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
+               "live": m.live if known else None, "configured": m.configured} for m in served.values()]
+    return models + adapter_list(ctx.settings.model_id, sorted(ctx.settings.adapters), models)
+
+
+def adapter_list(base: str, adapters: list[str], models: list[dict]) -> list[dict]:
+    """The LoRA adapters of the base model, as vLLM lists them, with `parent` and `root` naming the base (vLLM's
+    root is the adapter's folder: a server's paths are not its tenants' business); live as their base is."""
+    found = next((m for m in models if m["id"] == base), None)
+    if found is None:
+        return []
+    return [found | {"id": name, "parent": base, "root": base} for name in adapters]
 
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:

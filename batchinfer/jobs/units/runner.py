@@ -13,6 +13,7 @@ from typing import Callable
 from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
 from batchinfer.context import AppContext
+from batchinfer.engine.lora.request import LoRARequest
 from batchinfer.engine.types import GenerationResult
 from batchinfer.jobs.records import Origin, RequestKey, UnitRequest, UnitResult
 from batchinfer.jobs.finalize.finalize import try_finalize
@@ -45,6 +46,7 @@ class UnitOutcome:
 Aborts = Callable[[], Collection[str]]
 EngineResult = Callable[[GenerationResult], None]
 Records = dict[RequestKey, UnitResult]
+Adapters = dict[str, LoRARequest]  # the worker's adapters by the model id a line names
 
 
 def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
@@ -60,7 +62,8 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
                       ctx.settings.progress_flush_s)
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
-        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts,
+                            ctx.settings.lora_requests())
     work_tokens = sum(r.work_tokens for r in records.values())
     result_key = steps.storage("store its results",
                                lambda: record_store.store_results(ctx.storage, unit_id, attempt, records))
@@ -82,12 +85,13 @@ def _load_requests(ctx: AppContext, unit_id: str, to_run: dict[RequestKey, Origi
 
 
 def _generate(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
-              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None) -> Records:
+              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None,
+              adapters: Adapters | None = None) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone (its result carries the
     error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
     try:
-        records.update(_run_batch(requests, generator, worker, on_result, aborts))
+        records.update(_run_batch(requests, generator, worker, on_result, aborts, adapters))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
@@ -98,17 +102,17 @@ def _generate(requests: list[Running], generator: Generator, worker: str, on_res
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(requests))
             for running in requests:
-                records.update(_generate([running], generator, worker, on_result, stopping, aborts))
+                records.update(_generate([running], generator, worker, on_result, stopping, aborts, adapters))
     return records
 
 
 def _run_batch(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
-               aborts: Aborts | None = None) -> Records:
+               aborts: Aborts | None = None, adapters: Adapters | None = None) -> Records:
     """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
     by_key = {r.key: (r, origin) for r, origin in requests}
-    engine = EngineRequests([r for r, _ in requests])
+    engine = EngineRequests([r for r, _ in requests], adapters)
     records: Records = {}
     results = generator.generate(engine.generation, on_result=on_result, aborts=aborts)
     described = generator.description.metrics()  # which dtype and weights answered: outputs compare only within one
@@ -123,6 +127,8 @@ def _run_batch(requests: list[Running], generator: Generator, worker: str, on_re
         p = r.request
         line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, worker, p.echo)
         line["metrics"].update(described)
+        if adapters and p.model in adapters:  # which adapter answered (the body's model names it too)
+            line["metrics"]["adapter"] = p.model
         records[key] = UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
                                   sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
     return records
