@@ -156,3 +156,15 @@ def test_adapters_over_gguf_blocks_are_close_to_peft_and_batch_invariant(tmp_pat
         single_top = record_logprobs(single, top=5)
         assert single.generate([req])[0].output_token_ids == results[req.request_id].output_token_ids
         assert single_top[req.request_id] == top[req.request_id], f"{req.request_id}: not bitwise"
+
+
+def test_the_transformers_reference_refuses_an_adapter_line_rather_than_answer_as_the_base(tmp_path):
+    from batchinfer.runtime.hf_generate import HFGenerator
+
+    base = build_family_checkpoint("llama", tmp_path / "base")
+    generator = HFGenerator.from_pretrained(str(base), str(tmp_path / "cache"))
+    tuned = LoRARequest("tuned", 1, str(tmp_path / "anywhere"))
+    refused, fine = generator.generate([GenerationRequest("tuned", [5, 6, 7], PARAMS, lora_request=tuned),
+                                        GenerationRequest("base", [5, 6, 7], PARAMS)])
+    assert refused.error is not None and "runs no LoRA adapters" in refused.error
+    assert fine.ok and len(fine.output_token_ids) == MAX_NEW_TOKENS

@@ -42,5 +42,5 @@ class LoRABatch:
                 continue
             a, b, plan = *pair, adapter.plan
             delta = linear(linear(x.index_select(0, rows).float(), a, plan), b, plan) * adapter.scaling
-            y = y.index_add(0, rows, delta.to(y.dtype))
+            y.index_add_(0, rows, delta.to(y.dtype))  # y is this projection's fresh output: nobody else holds it
         return y
