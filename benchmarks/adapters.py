@@ -80,9 +80,9 @@ def bench_adapters_command(
                 runs[name].append(requests * max_tokens / (time.perf_counter() - started))
                 typer.echo(f"{name}: {runs[name][-1]:.1f} output tokens/s")
     manager = engine.runner.lora
+    ratio, per_adapter = statistics.median(runs["mixed"]) / statistics.median(runs["base"]), manager.nbytes // max(1, len(manager.loaded))
     report = {"adapters": adapters, "rank": rank, "requests": requests, "prompt_len": prompt_len, "max_tokens": max_tokens,
               "weight_format": engine.config.weight_format, "tokens_per_s": runs,
-              "mixed_over_base": statistics.median(runs["mixed"]) / statistics.median(runs["base"]),
-              "bytes_per_adapter": manager.nbytes // max(1, len(manager.loaded))}
-    typer.echo(f"mixed / base: {report['mixed_over_base']:.2f}; one adapter holds {report['bytes_per_adapter'] / 2**20:.1f} MiB")
+              "mixed_over_base": ratio, "bytes_per_adapter": per_adapter}
+    typer.echo(f"mixed / base: {ratio:.2f}; one adapter holds {per_adapter / 2**20:.1f} MiB")
     out.write_text(json.dumps(report, indent=2))
