@@ -111,9 +111,17 @@ def test_adapters_past_max_loras_are_evicted_least_recently_used(family, tmp_pat
                 for i, p in enumerate(prompts) for j, m in enumerate(models)]
     roomy = {r.request_id: r.output_token_ids for r in fresh_engine(base, tmp_path / "cache").generate(requests)}
     tight = fresh_engine(base, tmp_path / "cache", max_loras=1)
+    per_step: list[int] = []
+    prepare = tight.runner.prepare_lora
+
+    def counted(seqs):  # how many distinct adapters each step runs: the scheduler keeps it within max_loras
+        per_step.append(len({s.lora_int_id for s in seqs if s.lora_request is not None}))
+        return prepare(seqs)
+
+    tight.runner.prepare_lora = counted  # type: ignore[method-assign]
     got = {r.request_id: r.output_token_ids for r in tight.generate(requests)}
     assert got == roomy
-    assert len(tight.runner.lora.loaded) == 1 and tight.runner.lora.num_loads >= 2
+    assert max(per_step) == 1 and len(tight.runner.lora.loaded) == 1 and tight.runner.lora.num_loads >= 2
 
 
 def test_an_adapter_of_another_base_is_refused_in_one_line(family, tmp_path):
