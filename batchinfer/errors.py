@@ -9,8 +9,24 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 def shown(value) -> str:
-    """A user's value as an error message echoes it: its repr (so NUL, newlines and markup stay inert), cut short."""
-    return excerpt(repr(value), VALUE_CHARS)
+    """A user's value as an error message echoes it: its repr (so NUL, newlines and markup stay inert), cut short.
+    Only the part that shows is rendered: a 60,000-item list costs as much as a short one."""
+    return excerpt(repr(_clipped(value)), VALUE_CHARS)
+
+
+def _clipped(value, depth: int = 0):
+    """value cut to what the first VALUE_CHARS characters of its repr show (each item takes at least one): its
+    first VALUE_CHARS items, VALUE_CHARS + 2 characters of a string, VALUE_CHARS levels (repr never nests deeper)."""
+    if depth >= VALUE_CHARS:
+        return ...
+    if isinstance(value, str) and len(value) > VALUE_CHARS + 2:
+        # repr picks its quotes by the quotes the whole string holds: they go after the part that shows
+        return value[:VALUE_CHARS + 2] + "".join(q for q in "'\"" if q in value)
+    if type(value) in (list, tuple):  # exactly: a subclass (a namedtuple) is shown as it is
+        return type(value)(_clipped(v, depth + 1) for v in value[:VALUE_CHARS])
+    if type(value) is dict:
+        return {k: _clipped(v, depth + 1) for k, v in list(value.items())[:VALUE_CHARS]}
+    return value
 
 
 def one_line(exc: BaseException) -> str:

@@ -117,10 +117,14 @@ class Settings(BaseSettings):
     abort_poll_s: float = 0.5  # a running unit looks this often for cancelled or expired jobs to stop
     worker_beat_s: float = 2.0  # how often a worker publishes its state to the registry
     worker_ttl_s: float = 10.0  # a worker silent this long is dead: its units are rerun (bounds recovery time)
-    sweep_interval_s: float = 2.0  # how often one worker's agent runs the sweep (jobs and queues agree again)
+    sweep_interval_s: float = 2.0  # how often the sweep runs, in one server or worker at a time (jobs and queues agree again)
+    serve_control_plane: bool = True  # cluster `serve` runs the sweep and webhook delivery too (jobs end with no worker)
     unit_max_attempts: int = 4  # a unit that failed or was lost this often fails its requests (server_error); outages do not count
     outage_retry_s: float = 60.0  # a step of a unit retries a service that is down this long (results kept), then the unit is released
     outage_backoff_s: float = 5.0  # the longest wait between two tries of a step (and of a finalize) while a service is down
+    chunk_s: float = 5.0  # a running unit commits its finished requests this often (0: only at its end)
+    chunk_requests: int = 64  # ... or as soon as this many wait
+    drain_s: float = 20.0  # SIGTERM: a worker's engine runs on this long at most, then what finished commits, the rest goes back
     worker_steal: bool = True  # an idle worker takes units queued for a busy one
     webhook_secret: str | None = None  # signs events of batches no API key owns (local CLI jobs)
     webhook_timeout_s: float = 10.0  # one POST to a receiver
@@ -137,6 +141,9 @@ class Settings(BaseSettings):
     api_submit_wait_s: float = 600.0  # how long the CLI's submit through the API waits for a batch to leave `validating`
     api_estimate_wait_s: float = 120.0  # how long POST /v1/batches/estimate waits for a worker's estimate
     max_json_bytes: int = 64 * 1024  # API: a JSON body past this is cut off and answered 413
+    # API: an Anthropic Message Batches create carries its requests inline and is parsed whole (~7x its size in
+    # memory): past this it is cut off and answered 413 (docs/limits.md); a bigger batch goes as several
+    max_message_batch_bytes: int = 32 * 1024 * 1024
     api_requests_per_min: int = 600  # API: requests per key a minute (a bucket of as many); over it: 429
     api_concurrent_uploads: int = 2  # API: uploads of one key in flight at once; more: 429
     api_concurrent_estimates: int = 2  # API: estimates of one key in flight at once; more: 429
@@ -151,13 +158,21 @@ class Settings(BaseSettings):
 
     @field_validator("max_requests_per_file", "max_line_bytes", "max_file_bytes", "default_max_tokens",
                      "max_requests_per_unit", "unit_growth", "max_tokens_per_unit", "unit_time_limit_s", "unit_max_attempts",
-                     "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "api_requests_per_min",
+                     "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "max_message_batch_bytes",
+                     "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads", "api_in_flight_lease_s", "max_loaded_adapters")
+                     "api_work_threads", "api_in_flight_lease_s", "max_loaded_adapters", "chunk_requests")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
             raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 1, got {value}")
+        return value
+
+    @field_validator("drain_s", "chunk_s")
+    @classmethod
+    def _not_negative(cls, value: float, info) -> float:
+        if value < 0:
+            raise ValueError(f"BATCHINFER_{info.field_name.upper()} must be >= 0, got {value}")
         return value
 
     @field_validator("dtype")

@@ -18,6 +18,7 @@ from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue, worker_q
 from batchinfer.cluster.sweep import maybe_sweep
 from batchinfer.settings import get_settings
 from batchinfer.cluster.agent import WorkerAgent
+from batchinfer.errors import one_line
 from batchinfer.jobs import outage
 from batchinfer.jobs.webhooks.delivery import DeliveryLoop
 
@@ -51,7 +52,7 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         # here, after Celery's logging setup put its own `always` filters first
         warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced an optional breaking change")
         logging.getLogger("celery.worker.request").addFilter(_lost_ack_in_one_line)
-        load_engine(settings)  # the model loads before the first unit arrives
+        _load_or_exit(load_engine, settings, name)  # the model loads before the first unit arrives
         reg = open_registry(settings)
         process = this_process()
         hooks = sweep_hooks(process.ctx, tasks.SEND, lambda: process.incarnation)
@@ -71,6 +72,19 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
 
     _celery_worker(app, ["--pool", "solo", "--hostname", f"{name}@%h", "--queues", ",".join(all_queues),
                          "--loglevel", loglevel, "--without-gossip", "--without-mingle"])
+
+
+def _load_or_exit(load_engine, settings, name: str) -> None:
+    """A model that cannot load here (no GPU free, out of memory, a checkpoint that is not one) ends the worker
+    before its first unit, in one line and exit code 1: without its model it would fail every unit it took. A unit
+    message it prefetched is sent again by the sweep (no message in the broker for it) and its fence drops the copy."""
+    try:
+        load_engine(settings)
+    except Exception as exc:
+        os.write(2, f"error: worker {name} cannot serve model {settings.model_id} here, so it takes no work: "
+                    f"{one_line(exc)}\n".encode())
+        logging.shutdown()
+        os._exit(1)
 
 
 def _celery_worker(app, args: list[str]) -> None:

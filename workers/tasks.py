@@ -45,7 +45,7 @@ def run_unit_task(self, unit_id: str) -> dict:
     worker = (self.request.hostname or "worker").split("@")[0]
     priority = (self.request.delivery_info or {}).get("priority")
     return RunUnit(process.ctx, unit_id, worker, SEND, process.agent, process.incarnation, process.stopping,
-                   priority).run()
+                   priority, process.drain_at).run()
 
 
 @app.task(name=VALIDATE_TASK)

@@ -80,9 +80,9 @@ def _base_url(request: Request) -> str:
 
 @router.post("")
 async def create(request: Request, ctx: AppContext = Depends(context), tenant: str = Depends(owner)) -> dict:
-    raw = await request.body()
-    if len(raw) > ctx.settings.max_file_bytes:
-        raise AnthropicError(413, f"The batch is over the {ctx.settings.max_file_bytes}-byte limit.")
+    raw = await request.body()  # the guard cut it off past max_message_batch_bytes
+    if len(raw) > ctx.settings.max_message_batch_bytes:
+        raise AnthropicError(413, f"The batch is over the {ctx.settings.max_message_batch_bytes}-byte limit.")
     with _anthropic_errors():
         body = parse_create(raw, ctx.settings.max_requests_per_file)
         job = await run_in_threadpool(message_batches.create, ctx, tenant, body)

@@ -17,6 +17,7 @@ from batchinfer.api.work import WorkQueue
 from batchinfer.cluster.registry import live_models_reader
 from batchinfer.context import AppContext
 from batchinfer.jobs.served_models import served_models
+from batchinfer.jobs.views.backlog import Backlog, model_backlogs
 from batchinfer.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).with_name("static")
@@ -29,7 +30,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        plane = _control_plane(ctx)
         yield
+        if plane is not None:
+            plane.stop()
         app.state.work.close()
 
     docs = settings.api_docs  # off by default: the API's shape is OpenAI's, documented there and in README.md
@@ -60,6 +64,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+def _control_plane(ctx: AppContext):
+    """Cluster mode: the sweep and webhook delivery run here too, so jobs end with no worker alive."""
+    if ctx.settings.embedded or not ctx.settings.serve_control_plane:
+        return None
+    from batchinfer.runtime.control_plane import ControlPlane  # lazy: the cluster mode's
+    from workers.tasks import SEND  # lazy: celery, which only the cluster mode needs
+
+    return ControlPlane(ctx, SEND).start()
+
+
 def model_list(ctx: AppContext) -> list[dict]:
     """OpenAI's model objects, plus ours: `live` (a live worker serves it now; None: the registry is unreachable,
     or there is no broker and this process runs what it serves) and `configured` (its tokenizer is known here)."""
@@ -68,14 +82,24 @@ def model_list(ctx: AppContext) -> list[dict]:
     except ConnectionError:
         served, reachable = served_models(replace(ctx, live_models=None)), False
     known = reachable and ctx.live_models is not None
+    with ctx.sessions() as session:
+        backlogs = model_backlogs(session)
     models = [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
-               "live": m.live if known else None, "configured": m.configured} for m in served.values()]
+               "live": m.live if known else None, "configured": m.configured,
+               **_backlog(backlogs.get(m.id, Backlog()))} for m in served.values()]
     return models + adapter_list(ctx.settings.model_id, sorted(ctx.settings.adapters), models)
+
+
+def _backlog(b: Backlog) -> dict:
+    """Ours, for an autoscaler (docs/fleet.md): requests waiting for a worker of the model, running, and the age of
+    the oldest batch waiting."""
+    return {"pending_requests": b.pending, "running_requests": b.running, "oldest_pending_s": round(b.oldest_pending_s, 3)}
 
 
 def adapter_list(base: str, adapters: list[str], models: list[dict]) -> list[dict]:
     """The LoRA adapters of the base model, as vLLM lists them, with `parent` and `root` naming the base (vLLM's
-    root is the adapter's folder: a server's paths are not its tenants' business); live as their base is."""
+    root is the adapter's folder: a server's paths are not its tenants' business); live as their base is (the
+    backlog counted is the base's: adapters' lines are the base's batches)."""
     found = next((m for m in models if m["id"] == base), None)
     if found is None:
         return []

@@ -26,7 +26,9 @@ from batchinfer.jobs.user_text import has_control
 SECURITY_HEADERS = [(b"content-security-policy", b"default-src 'self'"), (b"x-frame-options", b"DENY"),
                     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
 MULTIPART_OVERHEAD = 16 * 1024  # an upload's body may pass max_file_bytes by this: boundaries, the purpose field
-IN_FLIGHT_KINDS = {("POST", "/v1/files"): "uploads", ("POST", "/v1/batches/estimate"): "estimates"}
+# an Anthropic create is an upload too: its body holds the batch's requests
+IN_FLIGHT_KINDS = {("POST", "/v1/files"): "uploads", ("POST", "/v1/messages/batches"): "uploads",
+                   ("POST", "/v1/batches/estimate"): "estimates"}
 
 
 class BodyTooLarge(HTTPException):
@@ -122,7 +124,7 @@ class Guard:
         if route == ("POST", "/v1/files"):
             return s.max_file_bytes + MULTIPART_OVERHEAD, "file_too_large"
         if route == ("POST", "/v1/messages/batches"):  # Anthropic's batches carry their requests inline
-            return s.max_file_bytes, "file_too_large"
+            return s.max_message_batch_bytes, "file_too_large"
         return s.max_json_bytes, "request_too_large"
 
     async def _admit(self, scope: Scope) -> tuple[JSONResponse | None, str | None, ApiKey | None]:

@@ -14,10 +14,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, ServiceOutage, UnitStatus, WorkUnit
 from batchinfer.jobs.units.live import live_total
+from batchinfer.jobs.views.backlog import Backlog, model_backlogs
 from batchinfer.jobs.faults import SERVICES
 from batchinfer.jobs.outage import current
 from batchinfer.cluster.registry import open_registry
 from batchinfer.jobs.dispatch.routing import SHARED_QUEUE, model_queue
+
+
+def _backlog_families(backlogs: dict[str, Backlog], configured) -> list[GaugeMetricFamily]:
+    """The autoscaler's signals, per model (a configured model with nothing to do reads 0, so a rule scaling
+    from zero sees a value, not an absent series): docs/fleet.md."""
+    families = [GaugeMetricFamily("batchinfer_model_requests_pending", "Requests waiting for a worker of the model",
+                                  labels=["model"]),
+                GaugeMetricFamily("batchinfer_model_requests_running", "Requests running on the model's workers",
+                                  labels=["model"]),
+                GaugeMetricFamily("batchinfer_model_oldest_pending_seconds",
+                                  "How long the model's oldest batch with a pending request has waited", labels=["model"])]
+    for model in sorted({*backlogs, *configured}):
+        b = backlogs.get(model, Backlog())
+        for family, value in zip(families, (b.pending, b.running, round(b.oldest_pending_s, 3))):
+            family.add_metric([model], value)
+    return families
 
 
 class _JobCollector:
@@ -35,6 +52,7 @@ class _JobCollector:
                                           func.coalesce(func.sum(Job.cached_tokens), 0),
                                           func.coalesce(func.sum(Job.completion_tokens), 0))).one()
             live = live_total(session)  # what running units finished since their last commit
+            backlogs = model_backlogs(session)
         sums = (committed[0] + live.completed, committed[1] + live.failed, committed[2] + live.prompt_tokens,
                 committed[3] + live.cached_tokens, committed[4] + live.completion_tokens)
         batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
@@ -53,6 +71,7 @@ class _JobCollector:
         for kind, value in zip(("prompt", "cached", "completion"), sums[2:]):
             tokens.add_metric([kind], value)
         yield tokens
+        yield from _backlog_families(backlogs, self.ctx.settings.configured_models)
         yield from self._outages()
         yield from self._workers()
 

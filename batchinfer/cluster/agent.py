@@ -83,7 +83,7 @@ class WorkerAgent:
 
     def tick(self) -> None:
         self.beat()
-        if self.steal and not self.state.busy and self._nothing_queued_for_me():
+        if self.steal and not self.stopping and not self.state.busy and self._nothing_queued_for_me():
             victim = self.registry.steal_one(self.state.name, self.state.model)
             if victim:
                 log.info("idle: took a unit queued for busy worker %s", victim)

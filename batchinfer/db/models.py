@@ -151,6 +151,20 @@ class WorkUnit(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
 
 
+class UnitChunk(Base):
+    """Finished requests a running unit committed before its end (every chunk_s), behind the unit's fence: their
+    results file joins the unit's own at finalize, and a rerun of the unit runs none of them."""
+
+    __tablename__ = "unit_chunks"
+
+    unit_id: Mapped[str] = mapped_column(ForeignKey("work_units.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    result_key: Mapped[str] = mapped_column(String(512))
+    requests: Mapped[int] = mapped_column(Integer)  # how many it counted
+    committed_at: Mapped[float] = mapped_column(Float)
+
+
 class UnitProgress(Base):
     """Live counts of a running unit's finished requests, per job: the unit's run rewrites its rows at most
     once a second. Only the current attempt of a running unit counts (jobs.units.live); its commit is the truth."""
@@ -255,7 +269,7 @@ class IdempotencyKey(Base):
     __tablename__ = "idempotency_keys"
 
     owner_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # batches or files
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)  # batches, files or retries (of a batch: its id)
     key: Mapped[str] = mapped_column(String(255), primary_key=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     object_id: Mapped[str] = mapped_column(String(64))

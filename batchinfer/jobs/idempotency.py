@@ -67,15 +67,15 @@ def once(ctx: AppContext, claim: Claim, find: Callable[[str], T | None], make: C
         with ctx.sessions() as session:
             row = session.get(IdempotencyKey, (claim.owner_id, claim.scope, claim.key))
         if row is not None:
+            found = find(row.object_id)  # first: a key whose object is gone is free, whatever it was asked with
+            if found is None:
+                _free(ctx, claim)
+                continue
             if row.request_hash != claim.request_hash:
                 raise IdempotencyConflict(
                     f"Conflict: the idempotency key {excerpt(claim.key, 80)!r} was used before with different "
                     "parameters; use a new key, or send the same request again.")
-            found = find(row.object_id)
-            if found is not None:
-                return found, False
-            _free(ctx, claim)
-            continue
+            return found, False
         try:
             return make(claim), True
         except IntegrityError:  # a concurrent create with this key committed first: answer with its object

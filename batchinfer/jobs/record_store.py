@@ -44,7 +44,10 @@ def unit_input(unit_id: str) -> str:
     return f"units/{unit_id}/input.jsonl"
 
 
-def unit_results(unit_id: str, attempt: int) -> str:
+def unit_results(unit_id: str, attempt: int, chunk: int | None = None) -> str:
+    """A run's results file, or (chunk) one of the files it committed while it ran."""
+    if chunk is not None:
+        return f"units/{unit_id}/results-{attempt}-chunk-{chunk:05d}.jsonl"
     return f"units/{unit_id}/results-{attempt}.jsonl"
 
 
@@ -194,9 +197,11 @@ def kept_inputs(storage: Storage) -> UnitInputs:
 
 # ---- unit results ---------------------------------------------------------------------------------------
 
-def store_results(storage: Storage, unit_id: str, attempt: int, records: dict[RequestKey, UnitResult]) -> str:
-    """One run's results, by job then index (finalize merges files in that order); returns their key."""
-    key = unit_results(unit_id, attempt)
+def store_results(storage: Storage, unit_id: str, attempt: int, records: dict[RequestKey, UnitResult],
+                  chunk: int | None = None) -> str:
+    """One run's results (or a chunk of them), by job then index (finalize merges files in that order); returns
+    their key."""
+    key = unit_results(unit_id, attempt, chunk)
     with storage.open_write(key) as out:
         for request in sorted(records):
             out.write(records[request].to_line())

@@ -1,6 +1,8 @@
 """Retry what did not finish: a new batch from the original input lines whose requests ended failed, expired
 or cancelled (optionally only some error codes), linked to the original by metadata.retry_of. Nothing that
-succeeded runs again."""
+succeeded runs again, and a batch has one retry unfinished at a time: concurrent retries of it answer with the
+one that was made (a retry asking for other codes or another window meanwhile: 409), under an idempotency key
+named after the batch (jobs.idempotency), freed once that retry has ended."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,7 @@ from sqlalchemy import select
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, RequestStatus
 from batchinfer.errors import InvalidRequest, JobConflict
-from batchinfer.jobs import service
+from batchinfer.jobs import idempotency, service
 from batchinfer.jobs.endpoints.fields import MAX_METADATA_PAIRS
 from batchinfer.jobs.finalize.merged import RETRY_OF
 RETRYABLE = (RequestStatus.FAILED, RequestStatus.EXPIRED, RequestStatus.CANCELLED)
@@ -32,6 +34,25 @@ def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: s
     if not wanted:
         which = f" with code {', '.join(sorted(codes))}" if codes else ""
         raise InvalidRequest(f"Batch {job_id} has no failed, expired or cancelled request{which}.", code="nothing_to_retry")
+    asked = idempotency.request_hash({"codes": sorted(codes) if codes else None, "window": completion_window})
+    claim = idempotency.Claim(job.owner_id or "", "retries", job.id, asked)
+    try:
+        retry, _ = idempotency.once(ctx, claim, lambda retry_id: _unfinished(ctx, retry_id),
+                                    lambda made_under: _make(ctx, job, wanted, completion_window, made_under))
+    except idempotency.IdempotencyConflict:  # the key is ours, not the caller's: the batch's state is the conflict
+        raise JobConflict(f"Batch {job_id} has a retry that has not ended, made with other error_codes or "
+                          "completion_window; retry it again once that one has ended.", code="conflict") from None
+    return retry
+
+
+def _unfinished(ctx: AppContext, job_id: str) -> Job | None:
+    """The retry made under the batch's key while it has not ended (once it has, the batch may be retried anew)."""
+    with ctx.sessions() as session:
+        job = session.get(Job, job_id)
+    return job if job is not None and job.status not in JobStatus.TERMINAL else None
+
+
+def _make(ctx: AppContext, job: Job, wanted: set[str], completion_window: str | None, claim: idempotency.Claim) -> Job:
     with SpooledTemporaryFile(SPOOL_BYTES) as spooled:
         source = cast(BinaryIO, spooled)
         _copy_lines(ctx, job, wanted, source)
@@ -39,7 +60,8 @@ def create_retry(ctx: AppContext, job_id: str, owner=service.ANY_OWNER, codes: s
         return service.create_job(ctx, source=source, filename=job.input_filename, model=job.model,
                                   metadata=_metadata(job), completion_window=completion_window,
                                   skip_invalid=job.skip_invalid, priority=job.priority, owner_id=job.owner_id,
-                                  endpoint=job.endpoint, output_expires_after_s=job.output_expires_after_s)
+                                  endpoint=job.endpoint, output_expires_after_s=job.output_expires_after_s,
+                                  idempotency=claim)
 
 
 def retry_ids(ctx: AppContext, job: Job, codes: set[str] | None = None) -> set[str]:
@@ -67,7 +89,7 @@ def _copy_lines(ctx: AppContext, job: Job, wanted: set[str], target: BinaryIO) -
         for raw in stream:
             try:
                 custom_id = json.loads(raw).get("custom_id")
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):  # a line that was invalid: never retried
                 continue
             if custom_id in left:
                 left.discard(custom_id)

@@ -93,3 +93,22 @@ def test_a_grammar_that_cannot_compile_refuses_only_its_request(engine):
         GenerationRequest("bad", prompt, SamplingParams(max_tokens=4, guided=("regex", "("))),
         GenerationRequest("good", prompt, SamplingParams(max_tokens=4, temperature=0))])
     assert bad.finish_reason == "error" and "cannot be compiled" in (bad.error or "") and good.ok
+
+
+def test_a_schema_over_the_budget_that_skipped_validation_is_refused_at_once(engine):
+    """A request built by another caller than validation: the engine checks the budget itself before compiling
+    (a schema of arrays 850 deep took ~47 s of compile)."""
+    import time
+
+    deep: dict = {"type": "string"}
+    for _ in range(850):
+        deep = {"type": "array", "items": deep}
+    prompt = _prompt(engine, "flags", TEXTS[2])
+    deep_request = GenerationRequest("deep", prompt, SamplingParams(max_tokens=4, guided=("json_schema", json.dumps(deep))))
+    started = time.perf_counter()
+    [alone] = engine.generate([deep_request])
+    assert time.perf_counter() - started < 5  # no compile at all
+    assert alone.finish_reason == "error" and "more than 64 levels deep" in (alone.error or "")
+    bad, good = engine.generate([deep_request, GenerationRequest("good", prompt, SamplingParams(max_tokens=4,
+                                                                                                 temperature=0))])
+    assert bad.finish_reason == "error" and good.ok

@@ -71,15 +71,17 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
 
 def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     started, path = time.time(), Path(path)
-    start_build(str(cache_dir))
     g = GGUFFile(path)
     config = hf_config(g)
     plan = projections(g, config)
+    sources = gguf_sources(g, [part for p in plan for part in p.parts])
+    types = frozenset(s.qtype for s in sources)
+    start_build(str(cache_dir), types)  # gcc runs while the small files are written
     folder = cache_folder(path, cache_dir)
     if not (folder / "config.json").exists():
         write_small_files(g, config, folder)
-    kernel = load_kernel(str(cache_dir))
-    packed = packed_weights(gguf_sources(g, [part for p in plan for part in p.parts]), kernel, folder / "weights.packed")
+    kernel = load_kernel(str(cache_dir), types)
+    packed = packed_weights(sources, kernel, folder / "weights.packed")
     quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}
     weights: dict[str, object] = {name: _float(g, parts) for name, parts in dense_tensors(g, config).items()}
     weights["embed"] = _embedding(g, kernel)

@@ -26,7 +26,7 @@ def q8_0_weights(source: Path, cache_dir: str | Path, dense: Callable[[], dict[s
     """Engine projection names and "lm_head" -> Q8_0 weights; `dense` (the fp32 engine layout) is read only
     when the cache file is built."""
     path = Path(cache_dir) / "engine" / f"{source.stem}-{file_key(source, LAYOUT_VERSION)}-q8_0.packed"
-    kernel = load_kernel(str(cache_dir))
+    kernel = load_kernel(str(cache_dir), frozenset({"Q8_0"}))
     sources: list[Source] = []
     if not path.exists():
         weights = dense()

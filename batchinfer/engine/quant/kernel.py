@@ -33,8 +33,11 @@ AMX_MIN_ROWS = {True: 8, False: 16}  # by K-quant
 class Kernel:
     lib: ctypes.CDLL
     path: int  # the fastest path this CPU runs
+    types: frozenset[str] = frozenset(TYPES)  # the block types it has GEMMs for
 
     def path_for(self, rows: int, qtype: str) -> int:
+        if qtype not in self.types:  # the C side would run it on the scalar reference: a loader's mistake
+            raise ValueError(f"the integer kernel was built for {'/'.join(sorted(self.types))}, not {qtype}")
         return VNNI if self.path == AMX and rows < AMX_MIN_ROWS[qtype.endswith("_K")] else self.path
 
     @property
@@ -58,19 +61,23 @@ def best_path(lib: ctypes.CDLL) -> int:
 _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
 
 
-def start_build(cache_dir: str) -> Future:
-    """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it."""
-    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=("-ffp-contract=off",), units=UNITS)
+def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
+    """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it. `types`:
+    only these block types' GEMMs (a model's own: its first load compiles about a third of the whole kernel)."""
+    mask = sum(1 << TYPES[t] for t in types) if types else 0
+    extra = ("-ffp-contract=off", *((f"-DQK_TYPES={mask}",) if mask else ()))
+    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=extra, units=UNITS)
 
 
-@lru_cache(maxsize=2)
-def load_kernel(cache_dir: str) -> Kernel:
-    """The kernel for this CPU. Raises NativeKernelUnavailable without AVX2/FMA/F16C or a C compiler."""
+@lru_cache(maxsize=4)
+def load_kernel(cache_dir: str, types: frozenset[str] | None = None) -> Kernel:
+    """The kernel for this CPU (with every block type, or `types` only). Raises NativeKernelUnavailable without
+    AVX2/FMA/F16C or a C compiler."""
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
     if not supported():
         raise NativeKernelUnavailable(f"the integer kernel needs a CPU with {', '.join(CPU_FLAGS)}")
-    lib = ctypes.CDLL(str(start_build(cache_dir).result()))
+    lib = ctypes.CDLL(str(start_build(cache_dir, types).result()))
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.repack.argtypes = [c_int, ptr, i64, i64, i64, ptr, ptr, c_int]
     lib.dequant_rows.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, c_int]
@@ -82,4 +89,4 @@ def load_kernel(cache_dir: str) -> Kernel:
     lib.amx_init.restype = c_int
     for name in ("repack", "dequant_rows", "dequant_packed", "quantize_acts", "gemm"):
         getattr(lib, name).restype = None
-    return Kernel(lib, best_path(lib))
+    return Kernel(lib, best_path(lib), types or frozenset(TYPES))

@@ -21,6 +21,14 @@
 
 enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, NTYPES };
 
+// The block types this build has GEMMs for (-DQK_TYPES=a bit mask of the enum; all by default): a model's load
+// builds its own types only (a Q4_K_M file: Q4_K and Q6_K), as the other types' code is never emitted when their
+// table entries are NULL. gemm() runs a missing type on the scalar reference (the same bits, slowly).
+#ifndef QK_TYPES
+#define QK_TYPES ((1 << NTYPES) - 1)
+#endif
+#define BUILT(T, fn) ((QK_TYPES >> (T)) & 1 ? fn : NULL)
+
 typedef struct {
     int sb;          // weights per super-block (block, for 32-types) along K
     int g;           // weights per group (one integer scale)

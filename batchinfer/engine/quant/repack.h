@@ -20,27 +20,30 @@ static void write_record(const int t, const block_t *blk, uint8_t *rec) {
             if (q.mins) rec[L.off_mn + g * PANEL + n] = blk[n].mn[g];
         }
     }
+    // Four codes of a channel at a time (a 32-bit word: byte i is code 4j + i), so a vector's byte 4n + i is
+    // written as one word and a high bit's 4 mask bits are gathered by one multiply.
+    const int half = L.vecs / 2, base = q.bits == 8 ? 8 : q.bits >= 4 ? 4 : 2;
     for (int g = 0; g < L.groups; g++) {
         uint8_t *codes = rec + L.off_codes + g * L.group_bytes;
         uint64_t *masks = (uint64_t *)(codes + L.base_bytes);
         for (int j = 0; j < L.vecs; j++)
-            for (int n = 0; n < PANEL; n++)
-                for (int i = 0; i < 4; i++) {
-                    const int byte = 4 * n + i;
-                    const uint8_t u = blk[n].u[g * q.g + 4 * j + i];
-                    if (q.bits == 8) {
-                        codes[64 * j + byte] = u ^ 0x80;
-                    } else if (q.bits >= 4) {  // vector j: low nibbles of byte vector j % (vecs/2), high: the rest
-                        const int half = L.vecs / 2;
-                        codes[64 * (j % half) + byte] |= (uint8_t)((u & 0x0F) << (j < half ? 0 : 4));
-                    } else {
-                        codes[byte] |= (uint8_t)((u & 3) << (2 * j));
-                    }
-                    for (int h = 0; h < L.high_bits; h++) {
-                        const int bit = (q.bits >= 4 ? 4 : 2) + h;
-                        if ((u >> bit) & 1) masks[h * L.vecs + j] |= 1ull << byte;
-                    }
+            for (int n = 0; n < PANEL; n++) {
+                uint32_t w, was;
+                memcpy(&w, blk[n].u + g * q.g + 4 * j, 4);
+                if (q.bits == 8) {
+                    w ^= 0x80808080u;
+                    memcpy(codes + 64 * j + 4 * n, &w, 4);
+                } else {  // nibbles: vector j low, j + half high; crumbs: crumb j of each byte
+                    uint8_t *to = codes + (q.bits >= 4 ? 64 * (j % half) : 0) + 4 * n;
+                    memcpy(&was, to, 4);
+                    was |= q.bits >= 4 ? (w & 0x0F0F0F0Fu) << (j < half ? 0 : 4) : (w & 0x03030303u) << (2 * j);
+                    memcpy(to, &was, 4);
                 }
+                for (int h = 0; h < L.high_bits; h++) {  // bit (base + h) of the 4 bytes -> mask bits 4n..4n+3
+                    const uint32_t bits = (w >> (base + h)) & 0x01010101u;
+                    masks[h * L.vecs + j] |= (uint64_t)(((bits * 0x01020408u) >> 24) & 0xF) << (4 * n);
+                }
+            }
     }
 }
 

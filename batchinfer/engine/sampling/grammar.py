@@ -5,33 +5,25 @@ request has its own matcher; its token bitmask is filled and applied to its logi
 are allowed only where the grammar can end."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
+from .grammar_budget import over_budget
+from .grammar_check import choice_ebnf
+from .grammar_deadline import constraint_key, within_deadline
+
 KINDS = ("json_schema", "json_object", "regex", "choice")
 
 
-def check_constraint(kind: str, spec: str) -> str | None:
-    """Why the grammar library cannot take this constraint (a short reason), or None. No tokenizer needed."""
-    import xgrammar as xgr  # lazy: xgrammar, for structured outputs only
-
-    try:
-        if kind == "json_schema":
-            xgr.Grammar.from_json_schema(spec)
-        elif kind == "regex":
-            xgr.Grammar.from_regex(spec)
-        elif kind == "choice":
-            xgr.Grammar.from_ebnf(_choice_ebnf(spec))
-    except Exception as exc:  # the library raises RuntimeError/ValueError with its parser's message
-        return str(exc).splitlines()[0][:200] if str(exc) else "it cannot be compiled"
-    return None
-
-
-def _choice_ebnf(spec: str) -> str:
-    # json.dumps writes each choice as a double-quoted literal with the escapes EBNF strings take
-    return "root ::= " + " | ".join(json.dumps(c) for c in json.loads(spec))
+def _compiled_by(compiler: Any, kind: str, spec: str) -> Any:
+    if kind == "json_schema":
+        return compiler.compile_json_schema(spec)
+    if kind == "json_object":
+        return compiler.compile_builtin_json_grammar()
+    if kind == "regex":
+        return compiler.compile_regex(spec)
+    return compiler.compile_grammar(choice_ebnf(spec))
 
 
 class GrammarRunner:
@@ -41,7 +33,8 @@ class GrammarRunner:
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._stop_token_ids, self._token_bytes = stop_token_ids, token_bytes
         self._compiler: Any = None
-        self._compiled: dict[tuple[str, str], Any] = {}
+        self._compiled: dict[str, Any] = {}  # by constraint_key: a schema compiles once per engine
+        self._refused: dict[str, str] = {}  # and one refused is refused at once after (a slow compile is not redone)
         self._matchers: dict[str, Any] = {}
 
     def add(self, request_id: str, constraint: tuple[str, str] | None) -> None:
@@ -79,20 +72,27 @@ class GrammarRunner:
                 matcher.accept_token(token)
 
     def _compile(self, constraint: tuple[str, str]) -> Any:
-        found = self._compiled.get(constraint)
+        """The compiled grammar, once per engine; a constraint over the budget (one that skipped validation) or a
+        compile past its deadline raises, which refuses the request alone."""
+        key = constraint_key(*constraint)
+        if key in self._refused:
+            raise ValueError(self._refused[key])
+        found = self._compiled.get(key)
         if found is None:
-            kind, spec = constraint
-            compiler = self._compiler_once()
-            if kind == "json_schema":
-                found = compiler.compile_json_schema(spec)
-            elif kind == "json_object":
-                found = compiler.compile_builtin_json_grammar()
-            elif kind == "regex":
-                found = compiler.compile_regex(spec)
-            else:
-                found = compiler.compile_grammar(_choice_ebnf(spec))
-            self._compiled[constraint] = found
+            try:
+                found = self._compile_new(constraint)
+            except Exception as exc:
+                self._refused[key] = str(exc).splitlines()[0][:200] if str(exc) else "no reason given"
+                raise
+            self._compiled[key] = found
         return found
+
+    def _compile_new(self, constraint: tuple[str, str]) -> Any:
+        reason = over_budget(*constraint)
+        if reason is not None:
+            raise ValueError(reason)
+        compiler = self._compiler_once()
+        return within_deadline(lambda: _compiled_by(compiler, *constraint))
 
     def _compiler_once(self) -> Any:
         if self._compiler is None:

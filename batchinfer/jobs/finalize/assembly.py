@@ -18,7 +18,7 @@ from sqlalchemy import select
 
 from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs import record_store
-from batchinfer.db.models import Request, RequestStatus, WorkUnit
+from batchinfer.db.models import Request, RequestStatus, UnitChunk, WorkUnit
 from batchinfer.jobs.records import ResultLine
 from batchinfer.storage import Storage
 
@@ -62,8 +62,12 @@ def _merged_down(paths: list[Path], folder: Path, job_id: str, uncounted: frozen
 
 
 def _result_records(sources: list[Iterator]) -> Iterator[Record]:
+    """One line a request: a run that lost the fence to another run's chunk may hold the same request's line."""
+    last = None
     for line, ok, output, _ in heapq.merge(*sources, key=lambda r: r[0]):
-        yield line, ok, output
+        if line != last:
+            yield line, ok, output
+        last = line
 
 
 def _invalid_records(storage: Storage, job_id: str) -> Iterator[Record]:
@@ -81,9 +85,13 @@ def _unfinished_records(session, job_id: str) -> Iterator[Record]:
 
 
 def _result_keys(session, job_id: str) -> list[str]:
-    """The results file of each committed unit that holds requests of this job."""
-    return sorted(session.scalars(select(WorkUnit.result_key).join(Request, Request.unit_id == WorkUnit.id)
-                                  .where(Request.job_id == job_id, WorkUnit.result_key.is_not(None)).distinct()))
+    """The results file of each committed unit that holds requests of this job, and of each chunk such a unit's
+    runs committed while they ran."""
+    units = sorted(session.scalars(select(WorkUnit.result_key).join(Request, Request.unit_id == WorkUnit.id)
+                                   .where(Request.job_id == job_id, WorkUnit.result_key.is_not(None)).distinct()))
+    held = select(Request.unit_id).where(Request.job_id == job_id, Request.unit_id.is_not(None)).distinct()
+    chunks = sorted(session.scalars(select(UnitChunk.result_key).where(UnitChunk.unit_id.in_(held))))
+    return units + chunks
 
 
 def _uncounted(session, job_id: str) -> frozenset[int]:

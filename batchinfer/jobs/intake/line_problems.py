@@ -19,6 +19,7 @@ EXPECTED_TYPES = {"string_type": "a string", "int_type": "an integer", "int_from
                   "model_type": "an object", "model_attributes_type": "an object"}
 BOUNDS = {"greater_than_equal": ("below_min", ">=", "ge"), "greater_than": ("below_min", ">", "gt"),
           "less_than_equal": ("above_max", "<=", "le"), "less_than": ("above_max", "<", "lt")}
+MAX_PROBLEMS = 100  # params of one line translated: the rest are never reported, and each costs a repr
 RULES = {name: info.description for model in (InputLine, *MODELS) for name, info in model.model_fields.items()}
 
 
@@ -31,15 +32,24 @@ class Problem:
 
 
 def problems(exc: ValidationError, data: Any, prefix: str = "", model: type[BaseModel] | None = None) -> list[Problem]:
-    """model: whose own top-level field rules win (two bodies may describe a field of one name differently)."""
+    """model: whose own top-level field rules win (two bodies may describe a field of one name differently).
+    One problem a param, the first (what first and one_per_param report), for the first MAX_PROBLEMS params: a union
+    of lists fails each member on every item, and 60,000 items must not cost 60,000 messages."""
     own = {name: info.description for name, info in model.model_fields.items()} if model else {}
-    return [_problem(error, data, prefix, own) for error in exc.errors(include_url=False)]
+    kept: dict[str, ErrorDetails] = {}
+    for error in exc.errors(include_url=False):
+        param = _param(prefix, _path(error["loc"]))
+        if param not in kept and len(kept) < MAX_PROBLEMS:
+            kept[param] = error
+    return [_problem(error, data, prefix, own) for error in kept.values()]
 
 
 def first(found: list[Problem]) -> Problem:
     """The one problem reported for an object's fields: objects in order, a missing field before a bad value."""
-    parents = list(dict.fromkeys(p.path[:-1] for p in found))
-    return min(found, key=lambda p: (parents.index(p.path[:-1]), p.code != "missing_required_parameter"))
+    order: dict[tuple, int] = {}
+    for p in found:
+        order.setdefault(p.path[:-1], len(order))
+    return min(found, key=lambda p: (order[p.path[:-1]], p.code != "missing_required_parameter"))
 
 
 def one_per_param(found: list[Problem]) -> list[Problem]:

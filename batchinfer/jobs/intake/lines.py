@@ -96,7 +96,9 @@ CHUNK_LINES = 256  # lines parsed, then tokenized in one batch call, then report
 
 def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
                     on_valid: Callable[[ValidLine], None],
-                    on_invalid: Callable[[LineError], None] | None = None) -> ValidationReport:
+                    on_invalid: Callable[[LineError], None] | None = None,
+                    on_progress: Callable[[], None] | None = None) -> ValidationReport:
+    """on_progress: called after each line is parsed, so a caller renews its lease through a chunk of slow lines."""
     report = ValidationReport()
     seen_ids: set[str] = set()
     chunk: list[tuple[int, bytes]] = []
@@ -109,7 +111,7 @@ def validate_stream(stream: BinaryIO, tokenizer, limits: ValidationLimits,
 
     def flush() -> None:
         """The chunk's lines, reported in line order (the error file stays sorted by line)."""
-        for found, prepared in _check_chunk(chunk, report.valid, tokenizer, limits, seen_ids):
+        for found, prepared in _check_chunk(chunk, report.valid, tokenizer, limits, seen_ids, on_progress):
             if prepared is None:
                 record(found[0])
                 for problem in found[1:]:
@@ -186,7 +188,7 @@ def _named_model(raw: bytes) -> str | None:
     try:
         body = json.loads(raw).get("body")
         model = body.get("model") if isinstance(body, dict) else None
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # a line too deep is its own error, found by validation
         return None
     return model if isinstance(model, str) and model else None
 
@@ -240,7 +242,8 @@ class _Parsed:
 
 
 def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, limits: ValidationLimits,
-                 seen_ids: set[str]) -> list[tuple[list[LineError], ValidLine | None]]:
+                 seen_ids: set[str], on_progress: Callable[[], None] | None = None,
+                 ) -> list[tuple[list[LineError], ValidLine | None]]:
     """(problems, prepared) per line, in order; indexes count the valid lines from first_index. The checks run
     as they did one line at a time: parse and check the envelope and body, render the prompt, then (after the
     chunk's one encode call) the checks on token counts and ids."""
@@ -250,6 +253,8 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
             parsed.append(_parse_line(number, raw, tokenizer, limits, seen_ids))
         except _Rejected as rejected:
             parsed.append(rejected.errors(number))
+        if on_progress is not None:
+            on_progress()
     texts = [p.text for p in parsed if isinstance(p, _Parsed)]
     encoded = iter(_encode_batch(tokenizer, texts))
     results: list[tuple[list[LineError], ValidLine | None]] = []
@@ -266,6 +271,9 @@ def _check_chunk(chunk: list[tuple[int, bytes]], first_index: int, tokenizer, li
             except _Rejected as rejected:
                 results.append((rejected.errors(p.number), None))
                 continue
+            finally:  # a grammar is compiled here: up to its deadline a line
+                if on_progress is not None:
+                    on_progress()
         prepared.request.index = index
         index += 1
         results.append(([], prepared))
@@ -357,12 +365,12 @@ def _check_constraint(body: Sampling | ResponsesBody | Params, custom_id: str) -
     constraint = body.constraint()
     if constraint is None:
         return
-    from batchinfer.engine.sampling.grammar import check_constraint  # the grammar library loads only for lines that need it
+    from batchinfer.engine.sampling.grammar_check import check_constraint  # the grammar library loads only for lines that need it
 
     reason = check_constraint(*constraint)
     if reason is not None:
-        raise _Rejected(("invalid_value", f"Invalid value for {given[0]!r}: it cannot be compiled into a grammar: "
-                         f"{excerpt(reason)}.", f"body.{given[0]}", custom_id), per_request=True)
+        raise _Rejected(("invalid_value", f"Invalid value for {given[0]!r}: {excerpt(reason)}.", f"body.{given[0]}",
+                         custom_id), per_request=True)
 
 
 def _check_token_ids(sampling, vocab_size: int, custom_id: str) -> None:

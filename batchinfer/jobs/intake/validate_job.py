@@ -209,7 +209,7 @@ def _validate(ctx: AppContext, job: Job, token: str, on_rows: Callable[[], None]
         if checked is not None:
             tokenizer, limits = checked
             limits.endpoint, limits.strict = job.endpoint, bool(job.strict)
-            report = validate_stream(source, tokenizer, limits, rows.add, on_invalid)
+            report = validate_stream(source, tokenizer, limits, rows.add, on_invalid, rows.beat)
         else:
             report = unserved_model_report(model, served)
         rows.close()  # also the last check that this run still owns the job

@@ -62,9 +62,21 @@ def expire_overdue(ctx: AppContext, now: float) -> list[str]:
                                        .order_by(Job.id)))
         for job_id in overdue:
             close_unstarted(session, job_id, T.EXPIRE_UNSTARTED)
+            _expire_orphaned(session, job_id)
         return overdue
 
     return retrying(ctx.sessions, work)
+
+
+def _expire_orphaned(session, job_id: str) -> int:
+    """Running requests of a unit that no longer runs (its worker was lost and the sweep queued it again): with
+    no worker to start it (a fleet scaled to zero) nothing else would close them. A running unit's own watch
+    expires its requests in the engine."""
+    not_running = ~exists().where(WorkUnit.id == Request.unit_id, WorkUnit.status == UnitStatus.RUNNING)
+    moved = T.move(session, T.EXPIRE_ORPHANED, Request.job_id == job_id, not_running)
+    if moved:
+        session.execute(update(Job).where(Job.id == job_id).values(failed=Job.failed + moved))
+    return moved
 
 
 def close_cancelled(ctx: AppContext) -> int:

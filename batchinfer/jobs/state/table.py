@@ -52,6 +52,9 @@ FAIL_REQUEST = Transition("fail (its unit commits an error)", "request", (R.PLAN
 CANCEL_UNSTARTED = Transition("cancel unstarted", "request", (R.PENDING, R.PLANNED), R.CANCELLED)
 EXPIRE_UNSTARTED = Transition("expire unstarted", "request", (R.PENDING, R.PLANNED), R.EXPIRED)
 CANCEL_ORPHANED = Transition("cancel orphaned (no unit runs it)", "request", (R.PENDING, R.PLANNED, R.RUNNING), R.CANCELLED)
+EXPIRE_ORPHANED = Transition("expire orphaned (no unit runs it)", "request", (R.RUNNING,), R.EXPIRED)
+# the unit's worker drains (SIGTERM): what it did not finish goes back to pending, not failed, for another worker
+DRAIN_REQUEST = Transition("release (its worker drains)", "request", (R.RUNNING,), R.PENDING)
 CANCEL_RUNNING = Transition("cancel running (the engine stopped it)", "request", (R.RUNNING,), R.CANCELLED)
 EXPIRE_RUNNING = Transition("expire running (the engine stopped it)", "request", (R.RUNNING,), R.EXPIRED)
 RELEASE_REQUEST = Transition("release (its unit waits out an outage)", "request", (R.RUNNING,), R.PLANNED)
@@ -68,8 +71,9 @@ RELEASE_UNIT = Transition("release (a service it needs stayed down)", "unit", (U
 
 TRANSITIONS = (CREATE_JOB, QUEUE_JOB, FAIL_VALIDATION, START_JOB, CANCEL_JOB, FINALIZE_JOB, RETRY_FINALIZE, COMPLETE_JOB,
                EXPIRE_JOB, END_CANCELLED, FAIL_FINALIZE, ADD_REQUEST, PLAN_REQUEST, RUN_REQUEST, COMPLETE_REQUEST,
-               FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, CANCEL_RUNNING, EXPIRE_RUNNING,
-               RELEASE_REQUEST, REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT, RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
+               FAIL_REQUEST, CANCEL_UNSTARTED, EXPIRE_UNSTARTED, CANCEL_ORPHANED, EXPIRE_ORPHANED, DRAIN_REQUEST,
+               CANCEL_RUNNING, EXPIRE_RUNNING, RELEASE_REQUEST, REQUEUE_ORPHAN, PLAN_UNIT, START_UNIT, COMMIT_UNIT,
+               RERUN_UNIT, RESEND_UNIT, RELEASE_UNIT)
 
 
 class Refused(Exception):

@@ -10,10 +10,10 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, exists, func, or_, select, text, update
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, text, update
 
 from batchinfer.context import AppContext
-from batchinfer.db.models import Job, JobStatus, Request, UnitStatus, WorkUnit
+from batchinfer.db.models import Job, JobStatus, Request, UnitChunk, UnitProgress, UnitStatus, WorkUnit
 from batchinfer.db.session import retrying
 from batchinfer.jobs import record_store
 from batchinfer.jobs.records import COUNTERS, Counts, Origin, RequestKey, UnitResult
@@ -37,6 +37,7 @@ class CommittedUnit:
     # jobs whose counts, after this commit, still leave requests open: no finalize to try for them yet
     unfinished_jobs: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (a cancelled one's too)
+    given_back: int = 0  # its unfinished requests, back to pending (the worker drained)
 
 
 PlannedUnit = tuple[str, UnitPlan, str, "str | None"]  # (unit id, plan, queue, model)
@@ -193,32 +194,66 @@ def open_requests(ctx: AppContext, unit_id: str) -> tuple[int, dict[RequestKey, 
         return unit.attempts, {RequestKey(j, i): Origin(line, custom_id) for j, i, line, custom_id in rows}
 
 
-def commit_unit(ctx: AppContext, unit_id: str, result_key: str,
-                records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
-    """Count a run's results, if this run wins the fence; None when another run had already committed."""
-    return retrying(ctx.sessions, lambda session: _commit(session, unit_id, result_key, records))
+def commit_unit(ctx: AppContext, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult],
+                give_back: bool = False) -> CommittedUnit | None:
+    """Count a run's results, if this run wins the fence; None when another run had already committed.
+    give_back: the run was drained, so its requests with no record go back to pending, in the same transaction."""
+    return retrying(ctx.sessions, lambda session: _commit(session, unit_id, result_key, records, give_back))
 
 
-def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult]) -> CommittedUnit | None:
+def _commit(session, unit_id: str, result_key: str, records: dict[RequestKey, UnitResult],
+            give_back: bool = False) -> CommittedUnit | None:
     if not T.move(session, T.COMMIT_UNIT, WorkUnit.id == unit_id, result_key=result_key, finished_at=time.time(),
                   last_error=None):
         log.info("unit %s was already committed by another run; dropping this run's results", unit_id)
         return None
+    held, still_open, records = _count(session, unit_id, records)
+    unfinished = set(_add_to_job_counts(session, records))
+    given_back = T.move(session, T.DRAIN_REQUEST, Request.unit_id == unit_id, unit_id=None, unit_pos=None) if give_back else 0
+    n_ok = sum(1 for r in records.values() if r.ok)
+    if given_back:  # their jobs cannot finish now: no finalize to try
+        unfinished |= {key.job_id for key in still_open - set(records)}
+    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=frozenset(unfinished),
+                         jobs=frozenset(j for j, _, _ in held), given_back=given_back)
+
+
+def _count(session, unit_id: str, records: dict[RequestKey, UnitResult]):
+    """Move the records' requests that are still open to completed or failed: (the unit's requests with their
+    status before, the open ones, the records counted). A request cancelled meanwhile, or counted by a chunk of
+    another run, stays so."""
     job_ids = sorted({key.job_id for key in records})
     if job_ids:
         session.execute(select(Job.id).where(Job.id.in_(job_ids)).order_by(Job.id).with_for_update())
     held = session.execute(select(Request.job_id, Request.index, Request.status).where(Request.unit_id == unit_id)).all()
     open_states = set(T.COMPLETE_REQUEST.current_states)
     still_open = {RequestKey(j, i) for j, i, status in held if status in open_states}
-    records = {k: rec for k, rec in records.items() if k in still_open}  # a request cancelled meanwhile stays so
+    records = {k: rec for k, rec in records.items() if k in still_open}
     for t, ok in ((T.COMPLETE_REQUEST, True), (T.FAIL_REQUEST, False)):
         batch = [(key.job_id, key.index, rec.prompt_tokens, rec.completion_tokens, rec.cached_tokens)
                  for key, rec in sorted(records.items()) if rec.ok == ok]
         T.move_each(session, t, batch, ("prompt_tokens", "completion_tokens", "cached_tokens"))
-    unfinished = _add_to_job_counts(session, records)
-    n_ok = sum(1 for r in records.values() if r.ok)
-    return CommittedUnit(completed=n_ok, failed=len(records) - n_ok, unfinished_jobs=unfinished,
-                         jobs=frozenset(j for j, _, _ in held))
+    return held, still_open, records
+
+
+def commit_chunk(ctx: AppContext, unit_id: str, attempt: int, seq: int, result_key: str,
+                 records: dict[RequestKey, UnitResult], live_rows: list[dict]) -> int | None:
+    """Count finished requests of a run that goes on, only while this attempt still owns the running unit (the
+    fence: a run the sweep replaced, or one whose unit committed, counts nothing), and rewrite the run's live rows
+    (unit_progress) without them in the same transaction. Returns how many it counted; None when refused."""
+    def work(session) -> int | None:
+        unit = session.get(WorkUnit, unit_id, with_for_update=True)
+        if unit is None or unit.status != UnitStatus.RUNNING or unit.attempts != attempt:
+            return None
+        _, _, counted = _count(session, unit_id, records)
+        _add_to_job_counts(session, counted)
+        session.add(UnitChunk(unit_id=unit_id, attempt=attempt, seq=seq, result_key=result_key,
+                              requests=len(counted), committed_at=time.time()))
+        session.execute(delete(UnitProgress).where(UnitProgress.unit_id == unit_id))
+        if live_rows:
+            session.execute(insert(UnitProgress), live_rows)
+        return len(counted)
+
+    return retrying(ctx.sessions, work)
 
 
 def _add_to_job_counts(session, records: dict[RequestKey, UnitResult]) -> frozenset[str]:

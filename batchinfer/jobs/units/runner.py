@@ -19,6 +19,7 @@ from batchinfer.jobs.records import Origin, RequestKey, UnitRequest, UnitResult
 from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import units
 from batchinfer.jobs.units import waits as outage
+from batchinfer.jobs.units.chunks import UnitChunks
 from batchinfer.jobs.units.engine_requests import EngineRequests
 from batchinfer.jobs.units.generator import Generator
 from batchinfer.jobs.units.progress import OnResult, UnitWatch
@@ -41,6 +42,7 @@ class UnitOutcome:
     work_tokens: int = 0  # uncached prompt + completion tokens this run computed
     unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (read by its commit)
+    given_back: int = 0  # requests the worker's drain stopped, back to pending for another worker
 
 
 Aborts = Callable[[], Collection[str]]
@@ -51,8 +53,11 @@ Adapters = dict[str, LoRARequest]  # the worker's adapters by the model id a lin
 
 def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
              on_result: OnResult | None = None, incarnation: str | None = None,
-             stopping: Callable[[], bool] = lambda: False) -> UnitOutcome:
-    """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted."""
+             stopping: Callable[[], bool] = lambda: False,
+             drain_at: Callable[[], float | None] = lambda: None) -> UnitOutcome:
+    """stopping() says the worker is shutting down: a generation it interrupts raises UnitInterrupted.
+    drain_at() is when a draining worker's engine must stop: what finished by then commits, the rest goes back
+    to pending (not failed, no attempt counted: the unit itself is done)."""
     started = outage.start_step(ctx, unit_id, lambda: units.start_unit(ctx, unit_id, worker, incarnation))
     if started is None:
         return UnitOutcome(unit_id, committed=False)
@@ -60,14 +65,19 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     steps = outage.UnitSteps(ctx, unit_id, attempt)  # storage or the database down: wait, then release (never fail)
     requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
-                      ctx.settings.progress_flush_s)
+                      ctx.settings.progress_flush_s, drain_at)
+    adapters = ctx.settings.lora_requests()
+    if ctx.settings.chunk_s > 0:  # finished requests kept as they finish, not only at the unit's end
+        build = RecordBuilder(requests, generator, worker, adapters)
+        watch.keep_chunks(UnitChunks(ctx, unit_id, attempt, watch.engine, build))
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
-        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts,
-                            ctx.settings.lora_requests())
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts, adapters)
     work_tokens = sum(r.work_tokens for r in records.values())
+    kept = watch.chunks.kept if watch.chunks is not None else set()
+    rest = {key: rec for key, rec in records.items() if key not in kept}  # what no chunk of this run counted
     result_key = steps.storage("store its results",
-                               lambda: record_store.store_results(ctx.storage, unit_id, attempt, records))
-    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, records))
+                               lambda: record_store.store_results(ctx.storage, unit_id, attempt, rest))
+    outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, rest, give_back=watch.drained))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
     watch.finish(generator)
     if outcome.committed:
@@ -111,27 +121,46 @@ def _run_batch(requests: list[Running], generator: Generator, worker: str, on_re
     """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
-    by_key = {r.key: (r, origin) for r, origin in requests}
     engine = EngineRequests([r for r, _ in requests], adapters)
-    records: Records = {}
     results = generator.generate(engine.generation, on_result=on_result, aborts=aborts)
-    described = generator.description.metrics()  # which dtype and weights answered: outputs compare only within one
+    build = RecordBuilder(requests, generator, worker, adapters)
+    records: Records = {}
     for key, found in engine.grouped(results):
-        r, origin = by_key[key]
+        record = build(key, found)
+        if record is not None:
+            records[key] = record
+    return records
+
+
+class RecordBuilder:
+    """A finished request's results record, from its engine results (every part's); None for an aborted one."""
+
+    def __init__(self, requests: list[Running], generator: Generator, worker: str, adapters: Adapters | None = None):
+        self.by_key = {r.key: (r, origin) for r, origin in requests}
+        self.worker, self.generator, self.adapters = worker, generator, adapters
+        self._described: dict | None = None
+
+    @property
+    def described(self) -> dict:
+        """Which dtype and weights answered (outputs compare only within one); asked once an answer came."""
+        if self._described is None:
+            self._described = self.generator.description.metrics()
+        return self._described
+
+    def __call__(self, key: RequestKey, found: list[GenerationResult]) -> UnitResult | None:
+        r, origin = self.by_key[key]
         if any(x.aborted for x in found):
-            continue
+            return None
         error = next((x.error for x in found if x.error), None)  # refused by the generator (engine.types.refusal): this request alone fails
         if error:
-            records[key] = _error_record(r, origin, "invalid_request", error[:500])
-            continue
+            return _error_record(r, origin, "invalid_request", error[:500])
         p = r.request
-        line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, worker, p.echo)
-        line["metrics"].update(described)
-        if adapters and p.model in adapters:  # which adapter answered (the body's model names it too)
+        line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, self.worker, p.echo)
+        line["metrics"].update(self.described)
+        if self.adapters and p.model in self.adapters:  # which adapter answered (the body's model names it too)
             line["metrics"]["adapter"] = p.model
-        records[key] = UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
-                                  sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
-    return records
+        return UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
+                          sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found))
 
 
 def _cause(exc: BaseException) -> str:
@@ -143,12 +172,12 @@ def _error_record(r: UnitRequest, origin: Origin, code: str, message: str) -> Un
                       formats.error_line(r.job_id, r.request.index, origin.custom_id, code, message, origin.line))
 
 
-def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records) -> UnitOutcome:
-    committed = units.commit_unit(ctx, unit_id, result_key, records)
+def _commit(ctx: AppContext, unit_id: str, result_key: str, records: Records, give_back: bool = False) -> UnitOutcome:
+    committed = units.commit_unit(ctx, unit_id, result_key, records, give_back)
     if committed is None:
         return UnitOutcome(unit_id, committed=False)
     return UnitOutcome(unit_id, committed=True, completed=committed.completed, failed=committed.failed,
-                       unfinished_jobs=committed.unfinished_jobs, jobs=committed.jobs)
+                       unfinished_jobs=committed.unfinished_jobs, jobs=committed.jobs, given_back=committed.given_back)
 
 
 def fail_unit(ctx: AppContext, unit_id: str, cause: str) -> UnitOutcome:

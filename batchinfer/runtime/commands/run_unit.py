@@ -29,10 +29,12 @@ log = logging.getLogger(__name__)
 class RunUnit:
     def __init__(self, ctx: AppContext, unit_id: str, worker: str, sender: Sender, agent: WorkerAgent | None = None,
                  incarnation: str | None = None, stopping: Callable[[], bool] = lambda: False,
-                 priority: int | None = None):
-        """priority: the broker priority the unit came with (it keeps it when it goes to its own model's queue)."""
+                 priority: int | None = None, drain_at: Callable[[], float | None] = lambda: None):
+        """priority: the broker priority the unit came with (it keeps it when it goes to its own model's queue).
+        drain_at: when a draining worker's engine stops (None: not draining)."""
         self.ctx, self.unit_id, self.worker, self.sender = ctx, unit_id, worker, sender
         self.agent, self.incarnation, self.stopping, self.priority = agent, incarnation, stopping, priority
+        self.drain_at = drain_at
 
     def run(self) -> dict:
         outcome = None
@@ -64,7 +66,11 @@ class RunUnit:
             self.agent.unit_started(self.unit_id)
         try:
             outcome = run_unit(self.ctx, self.unit_id, load_engine(self.ctx.settings), self.worker,
-                               incarnation=self.incarnation, stopping=self.stopping)
+                               incarnation=self.incarnation, stopping=self.stopping, drain_at=self.drain_at)
+            if outcome.given_back:  # a peer plans them now, not at the sweep's next look
+                log.warning("unit %s drained: %d finished requests committed at its end, %d back to pending", self.unit_id,
+                            outcome.completed + outcome.failed, outcome.given_back)
+                self.sender.dispatch(0)
             return outcome
         finally:
             if self.agent is not None:
