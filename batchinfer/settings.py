@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from batchinfer.engine.lora.request import LoRARequest
 from batchinfer.engine.options import (DEFAULT_MAX_TOKENS, ENGINES, POOLINGS, SETTING_DTYPES,
                                        WEIGHT_FORMATS, one_of)
 
@@ -77,6 +78,10 @@ class Settings(BaseSettings):
     # more models this fleet serves, as JSON {"model id": "checkpoint path"}: the API and validation know them
     # (their tokenizers) before any worker runs them; live workers announce theirs too (cluster.registry)
     models: dict[str, str] = Field(default_factory=dict)
+    # LoRA adapters of this process's model (BATCHINFER_MODEL_ID), as JSON {"adapter id": "peft folder"}: a line's
+    # `model` may name one; the engine loads it at first use (docs/adapters.md)
+    adapters: dict[str, str] = Field(default_factory=dict)
+    max_loaded_adapters: int = 8  # adapters an engine holds loaded (and runs in one step); least recently used evicted
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (engine/machine/dtype.py), float32, bfloat16
@@ -156,7 +161,7 @@ class Settings(BaseSettings):
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "max_message_batch_bytes",
                      "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads", "api_in_flight_lease_s", "chunk_requests")
+                     "api_work_threads", "api_in_flight_lease_s", "max_loaded_adapters", "chunk_requests")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
@@ -187,6 +192,18 @@ class Settings(BaseSettings):
             check_model_id(model_id, "BATCHINFER_MODELS")
             if not path:
                 raise ValueError(f"BATCHINFER_MODELS: model {model_id!r} has no checkpoint path")
+        return value
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapters(cls, value: dict[str, str], info) -> dict[str, str]:
+        taken = {info.data.get("model_id"), *info.data.get("models", {})}
+        for adapter_id, path in value.items():
+            check_model_id(adapter_id, "BATCHINFER_ADAPTERS")
+            if not path:
+                raise ValueError(f"BATCHINFER_ADAPTERS: adapter {adapter_id!r} has no folder")
+            if adapter_id in taken:
+                raise ValueError(f"BATCHINFER_ADAPTERS: {adapter_id!r} is already a model's id")
         return value
 
     @field_validator("weight_format")
@@ -245,7 +262,15 @@ class Settings(BaseSettings):
         if not model_id or model_id == self.model_id:
             return self
         path = self.models.get(model_id)
-        return None if path is None else self.model_copy(update={"model": path, "model_id": model_id})
+        return None if path is None else self.model_copy(update={"model": path, "model_id": model_id, "adapters": {}})
+
+    def adapter_base(self, model: str | None) -> str | None:
+        """The base model id of the adapter `model` names, or None when it names no adapter."""
+        return self.model_id if model in self.adapters else None
+
+    def lora_requests(self) -> dict[str, LoRARequest]:
+        """Each adapter as the engine takes it (ids 1..n in name order: one engine sees one numbering)."""
+        return {name: LoRARequest(name, i, self.adapters[name]) for i, name in enumerate(sorted(self.adapters), 1)}
 
     @property
     def embedded(self) -> bool:

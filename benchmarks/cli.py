@@ -4,6 +4,7 @@ import functools
 
 import typer
 
+from .adapters import bench_adapters_command
 from .api import bench_api_command
 from .command import bench
 from .constrained import bench_constrained_command
@@ -47,6 +48,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Benchmarks o
 for name, command in (("compare", bench), ("grouping", bench_grouping_command), ("api", bench_api_command),
                       ("process", bench_process_command), ("startup", bench_startup_command),
                       ("load", bench_load_command), ("pipeline", bench_pipeline_command), ("plan", bench_plan_command),
-                      ("constrained", bench_constrained_command), ("tools", bench_tools_command), ("make-model", bench_make_model_command),
-                      ("fidelity", bench_fidelity_command), ("formats", bench_formats_command)):
+                      ("constrained", bench_constrained_command), ("tools", bench_tools_command),
+                      ("make-model", bench_make_model_command), ("fidelity", bench_fidelity_command),
+                      ("formats", bench_formats_command), ("adapters", bench_adapters_command)):
     app.command(name)(missing_in_one_line(command))

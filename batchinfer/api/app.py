@@ -84,15 +84,26 @@ def model_list(ctx: AppContext) -> list[dict]:
     known = reachable and ctx.live_models is not None
     with ctx.sessions() as session:
         backlogs = model_backlogs(session)
-    return [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
-             "live": m.live if known else None, "configured": m.configured, **_backlog(backlogs.get(m.id, Backlog()))}
-            for m in served.values()]
+    models = [{"id": m.id, "object": "model", "created": 0, "owned_by": "batchinfer",
+               "live": m.live if known else None, "configured": m.configured,
+               **_backlog(backlogs.get(m.id, Backlog()))} for m in served.values()]
+    return models + adapter_list(ctx.settings.model_id, sorted(ctx.settings.adapters), models)
 
 
 def _backlog(b: Backlog) -> dict:
     """Ours, for an autoscaler (docs/fleet.md): requests waiting for a worker of the model, running, and the age of
     the oldest batch waiting."""
     return {"pending_requests": b.pending, "running_requests": b.running, "oldest_pending_s": round(b.oldest_pending_s, 3)}
+
+
+def adapter_list(base: str, adapters: list[str], models: list[dict]) -> list[dict]:
+    """The LoRA adapters of the base model, as vLLM lists them, with `parent` and `root` naming the base (vLLM's
+    root is the adapter's folder: a server's paths are not its tenants' business); live as their base is (the
+    backlog counted is the base's: adapters' lines are the base's batches)."""
+    found = next((m for m in models if m["id"] == base), None)
+    if found is None:
+        return []
+    return [found | {"id": name, "parent": base, "root": base} for name in adapters]
 
 
 def serve(host: str, port: int, settings: Settings | None = None) -> None:

@@ -39,6 +39,7 @@ class EngineConfig:
     # where the engine keeps what it measures of this machine (the invariance probe's row pad, probe_cache.py);
     # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
     cache_dir: str | None = None
+    max_loras: int = 8  # LoRA adapters held loaded at once (least recently used evicted), and running in one step
 
     def __post_init__(self):
         try:
@@ -57,6 +58,7 @@ class EngineConfig:
             self.dtype, self.dtype_reason = auto_dtype(self.device)
         _check(self.dtype in DTYPES, "dtype", self.dtype, f"must be one of {tuple(DTYPES)}")
         _check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
+        _check(self.max_loras >= 1, "max_loras", self.max_loras, "must be >= 1")
         _check(self.starvation_steps >= 1, "starvation_steps", self.starvation_steps, "must be >= 1")
         _check(self.pooling in POOLINGS, "pooling", self.pooling, f"must be one of {POOLINGS}")
         _check(self.weight_format in WEIGHT_FORMATS, "weight_format", self.weight_format,

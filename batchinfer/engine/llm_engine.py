@@ -71,6 +71,8 @@ class LLMEngine:
         if req.request_id in self.seqs or req.request_id in self.parents:
             raise ValueError(f"duplicate request_id {req.request_id!r}")
         self.check_request(req)
+        if req.lora_request is not None:  # loaded now: an adapter that does not fit the base refuses its request
+            self.runner.lora.get(req.lora_request, self._adapters_running())
         if req.sampling.n > 1:
             self._add_parent(req)
             return
@@ -164,6 +166,9 @@ class LLMEngine:
             raise ValueError(f"request {req.request_id}: {total} tokens exceed the whole KV cache "
                              f"({self.block_manager.num_blocks} blocks of {self.config.block_size})")
 
+    def _adapters_running(self) -> set[int]:
+        return {s.lora_int_id for s in self.scheduler.running if s.lora_request is not None}
+
     def add_grammar(self, req: GenerationRequest) -> None:
         """The request's matcher (its grammar compiled on first sight); a grammar that fails refuses the request."""
         try:
@@ -174,7 +179,7 @@ class LLMEngine:
 
     def _sequence(self, req: GenerationRequest) -> Sequence:
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,
-                       req.arrival_time if req.arrival_time is not None else now(), req.cache_salt)
+                       req.arrival_time if req.arrival_time is not None else now(), req.cache_salt, req.lora_request)
         self.seqs[seq.request_id] = seq
         self.runner.sampler.add(seq.request_id, seq.sampling, self.config.device)
         return seq
@@ -193,7 +198,7 @@ class LLMEngine:
         prompt = None
         if len(req.prompt_token_ids) > 1:
             prompt = PromptSequence(f"{req.request_id}#prompt", req.prompt_token_ids[:-1], children[0].sampling,
-                                    req.arrival_time, req.cache_salt, num_samples=len(children),
+                                    req.arrival_time, req.cache_salt, req.lora_request, num_samples=len(children),
                                     parent_id=req.request_id)
         self.parents[req.request_id] = ParentRequest(req, samples, prompt)
         self.parent_of.update((s.request_id, req.request_id) for s in samples)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .lora.request import LoRARequest
 from .options import DEFAULT_MAX_TOKENS
 
 # torch.Generator.manual_seed takes any value that fits in 64 bits, signed or unsigned: the one seed range.
@@ -97,6 +98,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_time: float | None = None  # wall clock (time.time()); set by add_request when None
     cache_salt: str | None = None  # prefix-cache blocks are shared only between requests with the same salt
+    lora_request: LoRARequest | None = None  # the adapter it runs with; None: the base model
 
 
 @dataclass(frozen=True)

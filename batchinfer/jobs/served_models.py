@@ -33,4 +33,5 @@ def served_models(ctx: AppContext) -> dict[str, ServedModel]:
 
 def model_settings(settings: Settings, model: ServedModel) -> Settings:
     """The settings a process would run `model` with (its tokenizer and context come from them)."""
-    return settings.for_model(model.id) or settings.model_copy(update={"model": model.path, "model_id": model.id})
+    return settings.for_model(model.id) or settings.model_copy(update={"model": model.path, "model_id": model.id,
+                                                                       "adapters": {}})

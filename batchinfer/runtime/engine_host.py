@@ -24,7 +24,7 @@ def engine_config(settings: Settings):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
                         block_size=settings.kv_block_size, pooling=settings.embedding_pooling,
-                        weight_format=settings.weight_format)
+                        weight_format=settings.weight_format, max_loras=settings.max_loaded_adapters)
 
 
 def get_generator(settings: Settings):
@@ -46,7 +46,7 @@ def get_generator(settings: Settings):
 def generator_key(settings: Settings) -> tuple:
     """Settings with the same key share one loaded generator."""
     return (settings.engine, settings.model, str(settings.model_cache), settings.kv_cache_bytes, settings.dtype,
-            settings.kv_block_size, settings.embedding_pooling, settings.weight_format)
+            settings.kv_block_size, settings.embedding_pooling, settings.weight_format, settings.max_loaded_adapters)
 
 
 def _load(settings: Settings):

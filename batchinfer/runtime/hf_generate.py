@@ -56,7 +56,9 @@ class HFGenerator:
                 req.arrival_time = now
         results = []
         for req in requests:
-            problem = refusal(req, self.max_model_len)
+            problem = refusal(req, self.max_model_len) or (  # no silent base answers for an adapter's line
+                f"request {req.request_id}: the transformers reference engine (BATCHINFER_ENGINE=hf) runs no LoRA "
+                "adapters" if req.lora_request is not None else None)
             result = GenerationResult.failed(req, problem) if problem else self._generate_samples(req, aborted)
             if on_result:
                 on_result(result)

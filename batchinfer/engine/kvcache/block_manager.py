@@ -14,6 +14,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Collection
 
+from ..lora.request import LoRARequest
 from ..scheduler.sequence import Sequence
 
 
@@ -22,12 +23,14 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
-def salt_root(cache_salt: str | None) -> bytes:
+def salt_root(cache_salt: str | None, lora_request: LoRARequest | None = None) -> bytes:
     """The parent of a sequence's first block (as vLLM's cache_salt): every hash of the chain depends on
-    the salt, so requests with different salts never match each other's blocks. No salt: b""."""
-    if not cache_salt:
+    the salt and the adapter, so requests with different salts or adapters never match each other's blocks
+    (an adapter changes K and V from the first layer it adapts). No salt and no adapter: b"" (the base's)."""
+    if not cache_salt and lora_request is None:
         return b""
-    return hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=16).digest()
+    adapter = b"" if lora_request is None else b"\0lora\0" + lora_request.lora_name.encode()
+    return hashlib.blake2b(b"cache_salt\0" + (cache_salt or "").encode() + adapter, digest_size=16).digest()
 
 
 class Block:
@@ -74,7 +77,7 @@ class BlockManager:
         bs, hashes = self.block_size, seq.block_hashes
         while len(hashes) < num_tokens // bs:
             i = len(hashes)
-            parent = hashes[-1] if hashes else salt_root(seq.cache_salt)
+            parent = hashes[-1] if hashes else salt_root(seq.cache_salt, seq.lora_request)
             hashes.append(block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs]))
         return hashes[:num_tokens // bs]
 

@@ -17,6 +17,7 @@ from ..layers.activation import gated
 from ..layers.linear import RowPlan, linear
 from ..layers.moe import moe_mlp, quant_moe_mlp
 from ..layers.rope import RopeTable, apply_rope
+from ..lora.batch import LoRABatch
 from .spec import ModelSpec
 
 Projection = Callable[[torch.Tensor], torch.Tensor]  # a quantized projection: quant/packed.py
@@ -78,8 +79,10 @@ class DecoderForCausalLM:
     @torch.inference_mode()
     def forward_with_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], sample_indices: torch.Tensor,
-                            hidden_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests)."""
+                            hidden_indices: torch.Tensor,
+                            lora: LoRABatch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Also the final-normed float32 hidden states of the rows hidden_indices names (embed requests); lora:
+        the rows that run an adapter, and which (the base projections run once for all rows)."""
         spec = self.spec
         hidden = F.embedding(input_ids, self.embed) if isinstance(self.embed, torch.Tensor) else \
             self.embed(input_ids).to(self.dtype)
@@ -87,7 +90,7 @@ class DecoderForCausalLM:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            lin = _Linear(self.quant, f"layers.{i}.", self.row_plan)
+            lin = _Linear(self.quant, f"layers.{i}.", self.row_plan, i, lora)
             cos, sin = rope[spec.layer_rope[i]]
             out = self._attention(layer, lin, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
             hidden = hidden + self._norm(out, layer.attn_out_norm)
@@ -143,16 +146,19 @@ class _Linear:
     """The batch-invariant dense linear, or the quantized copy of the weight when the model has one (every step
     uses the same one: a row's result never depends on its neighbours)."""
 
-    __slots__ = ("packs", "prefix", "rows")
+    __slots__ = ("packs", "prefix", "rows", "layer", "lora")
 
-    def __init__(self, packs: dict[str, Projection] | None, prefix: str, rows: RowPlan):
-        self.packs, self.prefix, self.rows = packs, prefix, rows
+    def __init__(self, packs: dict[str, Projection] | None, prefix: str, rows: RowPlan, layer: int = -1,
+                 lora: LoRABatch | None = None):
+        self.packs, self.prefix, self.rows, self.layer, self.lora = packs, prefix, rows, layer, lora
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, name: str) -> torch.Tensor:
         if self.packs is None:
             assert weight is not None
-            return linear(x, weight, self.rows)
-        return self.packs[self.prefix + name](x)
+            y = linear(x, weight, self.rows)
+        else:
+            y = self.packs[self.prefix + name](x)
+        return y if self.lora is None else self.lora.add(y, x, self.layer, name)
 
     def experts(self, name: str, count: int) -> list[Projection]:
         """Each expert's quantized projection `name` ("gate_up_proj", "down_proj")."""

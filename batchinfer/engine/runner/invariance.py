@@ -71,6 +71,22 @@ def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> tuple[RowP
     return RowPlan(ROW_PAD_CANDIDATES[-1], ROW_PAD_CANDIDATES[-1]), False
 
 
+def probe_linear_plan(weights: list[torch.Tensor]) -> RowPlan:
+    """The smallest row pad, and with it the largest call, under which these weights' matmuls alone are invariant
+    (a LoRA adapter's A and B, probed at load: a small rank picks other kernels than the base's shapes)."""
+    shapes: dict[tuple, torch.Tensor] = {}
+    for w in weights:
+        shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
+    key = ("linear", tuple(shapes), torch.get_num_threads())
+    if key not in _probed:
+        plans = [RowPlan(pad, most) for pad in ROW_PAD_CANDIDATES for most in MAX_ROWS_CANDIDATES if most % pad == 0]
+        found = next((p for p in plans if all(_linear_invariant(w, p) for w in shapes.values())), None)
+        if found is None:
+            _warn_not_invariant()
+        _probed[key] = found or RowPlan(ROW_PAD_CANDIDATES[-1], ROW_PAD_CANDIDATES[-1])
+    return _probed[key]
+
+
 def _warn_not_invariant() -> None:
     log.warning("no row pad in %s and call size in %s made the matmuls batch-invariant on this machine; outputs may "
                 "depend on the batch", ROW_PAD_CANDIDATES, MAX_ROWS_CANDIDATES)

@@ -17,11 +17,14 @@ import torch
 from ..attention.base import AttentionBackend, AttentionMetadata
 from ..config import EngineConfig
 from ..sampling.grammar import GrammarRunner
-from .invariance import probe_row_pad
+from .invariance import probe_linear_plan, probe_row_pad
 from ..loading.checkpoint import CausalLM
 from ..sampling.logits_processors import apply_logits_processors
 from ..sampling.logprobs import sampled_logprobs
 from ..loading.weights import engine_weights
+from ..lora.adapter import BaseShapes, LoRAAdapter
+from ..lora.batch import LoRABatch
+from ..lora.manager import LoRAManager
 from ..models import Projection, build_model
 from .pooler import Pooler
 from ..sampling.sampler import Sampler
@@ -37,6 +40,7 @@ class BatchInputs:
     sample_seqs: list[Sequence]
     ordered: list[Sequence]  # the batch's sequences in row order
     meta_cu: list[int]  # where each one's rows start (cu_seqlens_q as a list)
+    lora: LoRABatch | None = None  # the rows that run an adapter; None: every row runs the base
 
 
 def kv_bytes_per_token(hf_config: Any, config: EngineConfig) -> int:
@@ -63,6 +67,9 @@ class ModelRunner:
             weights = engine_weights(hf_model, config.torch_dtype)
         self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant)
         self._set_row_pad(attention)
+        shapes = BaseShapes(self.model.spec, getattr(hf_model.config, "intermediate_size", 0))
+        on_cpu = self.device.type == "cpu"  # as the base: the GPU kernels keep one order per row
+        self.lora = LoRAManager(shapes, config.max_loras, self.device, probe_linear_plan if on_cpu else LoRAManager.no_probe)
         self.num_blocks = config.kv_budget_bytes() // kv_bytes_per_block(hf_model.config, config)
         if self.num_blocks < 1:
             raise ValueError(f"EngineConfig.kv_cache_bytes: budget {config.kv_budget_bytes()} B holds no KV block "
@@ -97,7 +104,8 @@ class ModelRunner:
         batch = self.prepare(seqs)
         chunks = self.pooler.chunks(batch.ordered, batch.meta_cu)
         logits, hidden = self.model.forward_with_hidden(batch.input_ids, batch.positions, batch.meta, self.kv_caches,
-                                                        batch.sample_indices, self.pooler.rows(chunks, self.device))
+                                                        batch.sample_indices, self.pooler.rows(chunks, self.device),
+                                                        batch.lora)
         self.pooler.fold(chunks, hidden)
         if not batch.sample_seqs:
             return {}
@@ -140,7 +148,16 @@ class ModelRunner:
         )
         sample_indices, sample_seqs = self.prepare_sample(ordered, cu)
         return BatchInputs(self._tensor(ids_d + ids_p, torch.int64), self._tensor(pos_d + pos_p, torch.int64),
-                           meta, sample_indices, sample_seqs, ordered, cu)
+                           meta, sample_indices, sample_seqs, ordered, cu, self.prepare_lora(ordered))
+
+    def prepare_lora(self, seqs: list[Sequence]) -> LoRABatch | None:
+        """Each row's adapter, loaded now where it is not held (the scheduler keeps a step within max_loras)."""
+        in_use = {s.lora_int_id for s in seqs if s.lora_request is not None}
+        rows: list[LoRAAdapter | None] = []
+        for s in seqs:
+            adapter = None if s.lora_request is None else self.lora.get(s.lora_request, in_use)
+            rows += [adapter] * s.num_new_tokens
+        return LoRABatch.of_rows(rows, self.device)
 
     def prepare_decode(self, seqs: list[Sequence]) -> tuple[list[int], list[int], list[int]]:
         bs = self.block_size

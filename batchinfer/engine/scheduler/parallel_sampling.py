@@ -29,7 +29,7 @@ def sample_requests(req: GenerationRequest) -> list[GenerationRequest]:
     """The n one-sample requests of req, sample i with its own seed (what a generator that cannot fork runs)."""
     return [GenerationRequest(sample_id(req.request_id, i), list(req.prompt_token_ids),
                               replace(req.sampling, n=1, seed=sample_seed(req.sampling.seed, i)),
-                              req.arrival_time, req.cache_salt)
+                              req.arrival_time, req.cache_salt, req.lora_request)
             for i in range(req.sampling.n)]
 
 

@@ -20,6 +20,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.starvation_steps = config.starvation_steps
+        self.max_loras = config.max_loras
         self.block_manager = block_manager
         # Admit new work only while this many blocks stay free for the running decodes (less thrashing).
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
@@ -116,6 +117,8 @@ class Scheduler:
             seats = getattr(seq, "num_samples", 1)
             if budget <= 0 or self.running and len(self.running) + seats > self.max_num_seqs:
                 break
+            if not self._adapter_fits(seq):
+                continue
             hits = self.block_manager.match_prefix(seq)
             n = min(len(seq) - len(hits) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(seq, n, hits, reserve=self._reserve()):
@@ -127,6 +130,13 @@ class Scheduler:
             for seq in self.waiting:
                 seq.skipped_steps += 1
         return admitted
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """At most max_loras distinct adapters run at once (the engine holds that many loaded)."""
+        if seq.lora_request is None:
+            return True
+        running = {s.lora_int_id for s in self.running if s.lora_request is not None}
+        return seq.lora_int_id in running or len(running) < self.max_loras
 
     def _reserve(self) -> int:
         return self.watermark_blocks if self.running else 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from enum import Enum
 
+from ..lora.request import LoRARequest
 from ..types import SamplingParams, TokenLogprob
 
 
@@ -14,7 +15,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 arrival_time: float = 0.0, cache_salt: str | None = None):
+                 arrival_time: float = 0.0, cache_salt: str | None = None, lora_request: LoRARequest | None = None):
         if not prompt_token_ids:
             raise ValueError(f"request {request_id}: empty prompt")
         self.request_id = request_id
@@ -24,6 +25,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.cache_salt = cache_salt  # mixed into the first block's hash: no prefix is shared across salts
+        self.lora_request = lora_request  # its adapter (None: the base): mixed in too, an adapter changes K and V
         self.block_hashes: list[bytes] = []  # content hash chain of the full blocks, filled lazily
         self.num_computed_tokens = 0  # tokens whose K/V is in the cache
         self.num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission
@@ -48,6 +50,10 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={len(self)}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def lora_int_id(self) -> int:
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def output_token_ids(self) -> list[int]:

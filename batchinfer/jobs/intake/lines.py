@@ -60,6 +60,7 @@ class ValidationLimits:
     max_errors_kept: int = _setting("max_errors_kept")
     endpoint: str | None = None  # the batch's (None: a file submitted without one)
     served_models: tuple[str, ...] = ()  # every model the fleet serves, for the errors of lines naming another
+    adapters: tuple[str, ...] = ()  # the LoRA adapters of model_id: a line may name one (docs/adapters.md)
     sampling_defaults: dict = field(default_factory=dict)  # the checkpoint's generation_config.json defaults
     model_served: bool = True  # False: nobody serves model_id (lines are checked on another model's tokenizer)
     strict: bool = False  # every problem fails the batch, a refused body too (the CLI's --strict)
@@ -161,12 +162,12 @@ def _line_model(body: dict, limits: ValidationLimits, custom_id) -> str:
     if "model" not in body and limits.endpoint is not None:
         raise _Rejected(("invalid_request", E.parameter_required("model"), "body.model", custom_id))
     model = body.get("model", limits.model_id)
-    if model == limits.model_id and limits.model_served:
+    if (model == limits.model_id or model in limits.adapters) and limits.model_served:
         return model
     if model != limits.model_id and model in limits.served_models:
         raise _Rejected(("mismatched_model", f"The provided model {shown(model)} is not the batch's model "
                          f"{limits.model_id!r}: every request of a batch names the same model.", "body.model", custom_id))
-    served = limits.served_models or ((limits.model_id,) if limits.model_served else ())
+    served = (limits.served_models or ((limits.model_id,) if limits.model_served else ())) + limits.adapters
     raise _Rejected(("model_not_found", not_served(model, served), "body.model", custom_id))
 
 

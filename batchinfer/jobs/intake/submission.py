@@ -75,7 +75,7 @@ def check_model(ctx: AppContext, model: str | None) -> str:
     if not model:
         return ""
     served = served_models(ctx)
-    if model not in served:
+    if model not in served and ctx.settings.adapter_base(model) is None:
         raise InvalidRequest(not_served(model, served), code="model_not_found", param="model")
     return model
 

@@ -134,7 +134,7 @@ def validation_limits(s: Settings, max_model_len: int, served: tuple[str, ...] =
     return ValidationLimits(model_id=s.model_id, max_model_len=max_model_len, max_requests=s.max_requests_per_file,
                             max_line_bytes=s.max_line_bytes, max_file_bytes=s.max_file_bytes,
                             default_max_tokens=s.default_max_tokens, max_errors_kept=s.max_errors_kept,
-                            served_models=served, sampling_defaults=sampling_defaults(s))
+                            served_models=served, sampling_defaults=sampling_defaults(s), adapters=tuple(s.adapters))
 
 
 def checked_with(ctx: AppContext, model: str, served: dict[str, ServedModel]) -> tuple[object, ValidationLimits] | None:
@@ -158,8 +158,10 @@ class ModelUnavailable(BatchInferError):
 
 def batch_model(ctx: AppContext, named: str | None, submitted: str = "") -> str:
     """The batch's model: the one its submit named, else the one its first line names, else this process's
-    default (lines may leave `model` out)."""
-    return submitted or named or ctx.settings.model_id
+    default (lines may leave `model` out). An adapter's batch is its base's: its lines may name the base or any of
+    its adapters."""
+    model = submitted or named or ctx.settings.model_id
+    return ctx.settings.adapter_base(model) or model
 
 
 def model_tokenizer(ctx: AppContext, model: ServedModel):

@@ -1,16 +1,18 @@
 """A unit's requests as the engine runs them: one engine request each, or one per input of an embeddings line
-(part k), every engine id mapped back to its typed key; results come back grouped by request, parts in order."""
+(part k), every engine id mapped back to its typed key; results come back grouped by request, parts in order. A
+line naming one of the worker's adapters runs with it (its LoRARequest)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
+from batchinfer.engine.lora.request import LoRARequest
 from batchinfer.engine.types import GenerationRequest, GenerationResult
 from batchinfer.jobs.records import RequestKey, UnitRequest
 
 
 class EngineRequests:
-    def __init__(self, requests: list[UnitRequest]):
+    def __init__(self, requests: list[UnitRequest], adapters: Mapping[str, LoRARequest] | None = None):
         self.keys: dict[str, RequestKey] = {}  # engine id -> key (with its part)
         self.ids: dict[RequestKey, list[str]] = {}  # a request's key -> the engine ids it runs under
         self.generation: list[GenerationRequest] = []
@@ -22,7 +24,8 @@ class EngineRequests:
                 self.keys[key.engine_id] = key
                 # a copy: the engine may set fields (arrival_time) on what it is given
                 self.generation.append(GenerationRequest(key.engine_id, list(ids), replace(r.request.sampling),
-                                                         cache_salt=r.cache_salt))
+                                                         cache_salt=r.cache_salt,
+                                                         lora_request=(adapters or {}).get(r.request.model)))
 
     def key_of(self, result: GenerationResult) -> RequestKey:
         return self.keys[result.request_id]

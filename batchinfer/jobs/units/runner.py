@@ -14,6 +14,7 @@ from batchinfer.jobs.endpoints import batch_line as formats
 from batchinfer.jobs.endpoints import kinds
 from batchinfer.jobs import record_store
 from batchinfer.context import AppContext
+from batchinfer.engine.lora.request import LoRARequest
 from batchinfer.engine.types import GenerationResult
 from batchinfer.jobs.records import Origin, RequestKey, UnitRequest, UnitResult
 from batchinfer.jobs.finalize.finalize import try_finalize
@@ -48,6 +49,7 @@ class UnitOutcome:
 Aborts = Callable[[], Collection[str]]
 EngineResult = Callable[[GenerationResult], None]
 Records = dict[RequestKey, UnitResult]
+Adapters = dict[str, LoRARequest]  # the worker's adapters by the model id a line names
 
 
 def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
@@ -65,10 +67,12 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
                       ctx.settings.progress_flush_s, drain_at)
+    adapters = ctx.settings.lora_requests()
     if ctx.settings.chunk_s > 0:  # finished requests kept as they finish, not only at the unit's end
-        watch.keep_chunks(UnitChunks(ctx, unit_id, attempt, watch.engine, RecordBuilder(requests, generator, worker)))
+        build = RecordBuilder(requests, generator, worker, adapters)
+        watch.keep_chunks(UnitChunks(ctx, unit_id, attempt, watch.engine, build))
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
-        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts)
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts, adapters)
     work_tokens = sum(r.work_tokens for r in records.values())
     kept = watch.chunks.kept if watch.chunks is not None else set()
     rest = {key: rec for key, rec in records.items() if key not in kept}  # what no chunk of this run counted
@@ -92,12 +96,13 @@ def _load_requests(ctx: AppContext, unit_id: str, to_run: dict[RequestKey, Origi
 
 
 def _generate(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
-              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None) -> Records:
+              stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None,
+              adapters: Adapters | None = None) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone (its result carries the
     error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
     try:
-        records.update(_run_batch(requests, generator, worker, on_result, aborts))
+        records.update(_run_batch(requests, generator, worker, on_result, aborts, adapters))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
@@ -108,18 +113,18 @@ def _generate(requests: list[Running], generator: Generator, worker: str, on_res
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(requests))
             for running in requests:
-                records.update(_generate([running], generator, worker, on_result, stopping, aborts))
+                records.update(_generate([running], generator, worker, on_result, stopping, aborts, adapters))
     return records
 
 
 def _run_batch(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
-               aborts: Aborts | None = None) -> Records:
+               aborts: Aborts | None = None, adapters: Adapters | None = None) -> Records:
     """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
     if not requests:
         return {}
-    engine = EngineRequests([r for r, _ in requests])
+    engine = EngineRequests([r for r, _ in requests], adapters)
     results = generator.generate(engine.generation, on_result=on_result, aborts=aborts)
-    build = RecordBuilder(requests, generator, worker)
+    build = RecordBuilder(requests, generator, worker, adapters)
     records: Records = {}
     for key, found in engine.grouped(results):
         record = build(key, found)
@@ -131,9 +136,9 @@ def _run_batch(requests: list[Running], generator: Generator, worker: str, on_re
 class RecordBuilder:
     """A finished request's results record, from its engine results (every part's); None for an aborted one."""
 
-    def __init__(self, requests: list[Running], generator: Generator, worker: str):
+    def __init__(self, requests: list[Running], generator: Generator, worker: str, adapters: Adapters | None = None):
         self.by_key = {r.key: (r, origin) for r, origin in requests}
-        self.worker, self.generator = worker, generator
+        self.worker, self.generator, self.adapters = worker, generator, adapters
         self._described: dict | None = None
 
     @property
@@ -153,6 +158,8 @@ class RecordBuilder:
         p = r.request
         line = formats.output_line(key.job_id, key.index, origin.custom_id, p.url, p.model, found, self.worker, p.echo)
         line["metrics"].update(self.described)
+        if self.adapters and p.model in self.adapters:  # which adapter answered (the body's model names it too)
+            line["metrics"]["adapter"] = p.model
         return UnitResult(r.job_id, p.index, origin.line, True, line, sum(x.prompt_tokens for x in found),
                           sum(x.completion_tokens for x in found), sum(x.cached_tokens for x in found),
                           kinds.reasoning_tokens(line["response"]["body"]))
