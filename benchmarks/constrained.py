@@ -3,16 +3,13 @@ sampler) against the same batch unconstrained, on one engine, runs alternated so
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from .process_command import _lscpu_model, _uptime
+from .support.engine_runs import alternate, finish, load_engine, new_report, timed_generate
 from .support.labelling import SCHEMAS, messages, schema_of, texts, validates
 
 
@@ -31,17 +28,10 @@ def _requests(tokenizer, per_schema: int, max_tokens: int, constrained: bool, ta
 
 
 def _run(engine, requests) -> dict:
-    before = engine.step_stats.copy()
-    started = time.perf_counter()
-    results = engine.generate(requests)
-    wall = time.perf_counter() - started
-    steps = engine.step_stats.since(before)
-    tokens = sum(r.completion_tokens for r in results)
+    results, row = timed_generate(engine, requests)
     valid = sum(validates(r.text, schema_of(r.request_id.rsplit("-", 1)[0])) for r in results)
-    return {"wall_s": round(wall, 3), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
-            "decode_steps": steps.decode_steps,
-            "decode_step_ms": round(1000 * steps.decode_s / steps.decode_steps, 2) if steps.decode_steps else None,
-            "stopped": sum(r.finish_reason == "stop" for r in results), "valid_json": valid, "requests": len(results)}
+    return row | {"stopped": sum(r.finish_reason == "stop" for r in results), "valid_json": valid,
+                  "requests": len(results)}
 
 
 def bench_constrained_command(
@@ -55,16 +45,9 @@ def bench_constrained_command(
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-constrained.json"),
 ) -> None:
     """Output tokens/s of a labelling batch held to four JSON schemas against the same batch unconstrained."""
-    from batchinfer.engine import EngineConfig, LLMEngine
-    from batchinfer.settings import get_settings
-
-    settings = get_settings()
-    engine = LLMEngine.from_pretrained(model or settings.model, cache_dir or str(settings.model_cache),
-                                       EngineConfig(dtype=dtype, device=device, max_num_seqs=64))
-    report: dict = {"machine": {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "load_before": _uptime(),
-                                "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-                    "options": {"per_schema": per_schema, "max_tokens": max_tokens, "repeat": repeat, "dtype": dtype,
-                                "device": device}}
+    engine = load_engine(model, cache_dir, dtype, device)
+    report = new_report({"per_schema": per_schema, "max_tokens": max_tokens, "repeat": repeat, "dtype": dtype,
+                         "device": device})
     compile_ms = {}
     for name, schema in SCHEMAS.items():  # first sight of each schema: its compile time, then cached
         started = time.perf_counter()
@@ -74,20 +57,9 @@ def bench_constrained_command(
     report["compile_ms"] = compile_ms
     tok = engine.tokenizer
     _run(engine, _requests(tok, 2, 8, True, "warm") + _requests(tok, 2, 8, False, "warm2"))  # warm-up
-    runs: dict[str, list[dict]] = {"unconstrained": [], "constrained": []}
-    for r in range(repeat):
-        for kind in runs:
-            # a fresh tag each run: ids differ, prompts are the same (the prefix cache serves both alike)
-            runs[kind].append(_run(engine, _requests(tok, per_schema, max_tokens, kind == "constrained", f"{kind}{r}")))
-            typer.echo(f"{kind} run {r + 1}: {runs[kind][-1]}", err=True)
-    report["runs"] = runs
-    median = {kind: statistics.median(x["tokens_per_s"] for x in rows) for kind, rows in runs.items()}
-    step = {kind: statistics.median(x["decode_step_ms"] or 0 for x in rows) for kind, rows in runs.items()}
-    report["summary"] = {"tokens_per_s": median, "decode_step_ms": step,
-                         "constrained_vs_unconstrained": round(median["constrained"] / median["unconstrained"], 3)}
-    report["machine"]["load_after"] = _uptime()
-    out.write_text(json.dumps(report, indent=1))
-    typer.echo(json.dumps(report["summary"]))
+    runs = alternate(("unconstrained", "constrained"), repeat,
+                     lambda kind, tag: _run(engine, _requests(tok, per_schema, max_tokens, kind == "constrained", tag)))
+    finish(report, runs, "constrained_vs_unconstrained", out)
     typer.echo(f"compile ms per schema: {compile_ms}; load {report['machine']['load_before']} -> "
                f"{report['machine']['load_after']}; raw: {out}")
 

@@ -3,17 +3,12 @@ the grammar) against the same lines under "auto" (the model writes what it likes
 load drifts hit both alike. The prompts are the chat endpoint's own (ChatBody.prompt_text), tools included."""
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from .process_command import _lscpu_model, _uptime
+from .support.engine_runs import alternate, finish, load_engine, new_report, timed_generate
 
 TOOLS = [{"type": "function", "function": {"name": "get_current_weather", "description": "The weather in a city",
                                            "parameters": {"type": "object", "properties": {
@@ -47,17 +42,9 @@ def _requests(tokenizer, count: int, max_tokens: int, choice: str, tag: str):
 def _run(engine, requests) -> dict:
     from batchinfer.jobs.endpoints.chat_tools import message
 
-    before = engine.step_stats.copy()
-    started = time.perf_counter()
-    results = engine.generate([r for r, _ in requests])
-    wall = time.perf_counter() - started
-    steps = engine.step_stats.since(before)
-    tokens = sum(r.completion_tokens for r in results)
+    results, row = timed_generate(engine, [r for r, _ in requests])
     calls = [message(r.text, r.finish_reason, echo, "x")[0].get("tool_calls") for r, (_, echo) in zip(results, requests)]
-    return {"wall_s": round(wall, 3), "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
-            "decode_steps": steps.decode_steps,
-            "decode_step_ms": round(1000 * steps.decode_s / steps.decode_steps, 2) if steps.decode_steps else None,
-            "lines_with_calls": sum(bool(c) for c in calls), "requests": len(results)}
+    return row | {"lines_with_calls": sum(bool(c) for c in calls), "requests": len(results)}
 
 
 def bench_tools_command(
@@ -71,30 +58,13 @@ def bench_tools_command(
     out: Annotated[Path, typer.Option("--out", help="where the raw results go (JSON)")] = Path("bench-tools.json"),
 ) -> None:
     """Output tokens/s of tool lines forced to call (tool_choice required) against the same lines under auto."""
-    from batchinfer.engine import EngineConfig, LLMEngine
-    from batchinfer.settings import get_settings
-
-    settings = get_settings()
-    engine = LLMEngine.from_pretrained(model or settings.model, cache_dir or str(settings.model_cache),
-                                       EngineConfig(dtype=dtype, device=device, max_num_seqs=64))
+    engine = load_engine(model, cache_dir, dtype, device)
     tok = engine.tokenizer
-    report: dict = {"machine": {"cpu": _lscpu_model(), "cores": len(os.sched_getaffinity(0)), "load_before": _uptime(),
-                                "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")},
-                    "options": {"lines": lines, "max_tokens": max_tokens, "repeat": repeat, "dtype": dtype, "device": device}}
+    report = new_report({"lines": lines, "max_tokens": max_tokens, "repeat": repeat, "dtype": dtype, "device": device})
     _run(engine, _requests(tok, 2, 8, "required", "warm") + _requests(tok, 2, 8, "auto", "warm2"))  # compiles the grammar
-    runs: dict[str, list[dict]] = {"auto": [], "required": []}
-    for r in range(repeat):
-        for choice in runs:
-            runs[choice].append(_run(engine, _requests(tok, lines, max_tokens, choice, f"{choice}{r}")))
-            typer.echo(f"{choice} run {r + 1}: {runs[choice][-1]}", err=True)
-    report["runs"] = runs
-    median = {kind: statistics.median(x["tokens_per_s"] for x in rows) for kind, rows in runs.items()}
-    step = {kind: statistics.median(x["decode_step_ms"] or 0 for x in rows) for kind, rows in runs.items()}
-    report["summary"] = {"tokens_per_s": median, "decode_step_ms": step,
-                         "required_vs_auto": round(median["required"] / median["auto"], 3)}
-    report["machine"]["load_after"] = _uptime()
-    out.write_text(json.dumps(report, indent=1))
-    typer.echo(json.dumps(report["summary"]))
+    runs = alternate(("auto", "required"), repeat,
+                     lambda choice, tag: _run(engine, _requests(tok, lines, max_tokens, choice, tag)))
+    finish(report, runs, "required_vs_auto", out)
     typer.echo(f"load {report['machine']['load_before']} -> {report['machine']['load_after']}; raw: {out}")
 
 
