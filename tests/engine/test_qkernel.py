@@ -117,3 +117,22 @@ def test_dot_products_match_a_float64_reference_of_the_quantized_arithmetic(kern
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     exact = x.double() @ torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[qtype]).reshape(n, k)).double().T
     assert (got - exact).abs().max() < 0.03 * exact.abs().max()  # int8 activations: about 1% of the largest output
+
+
+def test_a_build_of_some_types_gives_their_bits_and_refuses_the_others(kernel, tmp_path):
+    """A model's load builds only its own types (-DQK_TYPES): those give the full build's bits; another type is
+    refused in Python, and in C it falls back to the scalar reference (still the same bits)."""
+    some = load_kernel(str(tmp_path), frozenset({"Q4_K"}))
+    n, k = 40, 512
+    x = torch.randn(33, k, generator=torch.Generator().manual_seed(5))
+    raw = random_blocks("Q4_K", n, k, seed=6)
+    assert torch.equal(packed(some, "Q4_K", raw, n, k)(x), packed(kernel, "Q4_K", raw, n, k)(x))
+    raw6 = random_blocks("Q6_K", n, k, seed=7)
+    with pytest.raises(ValueError, match="built for Q4_K, not Q6_K"):
+        packed(some, "Q6_K", raw6, n, k)(x)
+    acts = quantize(some, "Q6_K", x)
+    y = torch.empty(33, n)
+    weight = packed(some, "Q6_K", raw6, n, k)
+    some.lib.gemm(TYPES["Q6_K"], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(), acts.bsum.data_ptr(), 33, k,
+                  weight.data.ctypes.data, n, y.data_ptr(), n, some.path, 1)
+    assert torch.equal(y, packed(kernel, "Q6_K", raw6, n, k)(x))
