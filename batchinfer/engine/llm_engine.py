@@ -11,6 +11,7 @@ from .kvcache.block_copy import copy_blocks
 from .kvcache.block_manager import BlockManager
 from .config import EngineConfig
 from .sampling.grammar import GrammarRunner
+from .sampling.grammar_deadline import compile_error
 from .loading.loader import LoadedModel, load_model_light
 from .runner.model_runner import ModelRunner
 from .scheduler.parallel_sampling import ParentRequest, PromptSequence, sample_requests
@@ -175,7 +176,7 @@ class LLMEngine:
             self.grammar.add(req.request_id, req.sampling.guided)
         except Exception as exc:  # xgrammar raises RuntimeError/ValueError with its parser's message
             raise ValueError(f"request {req.request_id}: its output format cannot be compiled "
-                             f"({str(exc).splitlines()[0][:200] if str(exc) else 'no reason given'})") from None
+                             f"({compile_error(exc)})") from None
 
     def _sequence(self, req: GenerationRequest) -> Sequence:
         seq = Sequence(req.request_id, req.prompt_token_ids, req.sampling,

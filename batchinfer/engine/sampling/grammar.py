@@ -13,7 +13,7 @@ import torch
 
 from .grammar_budget import over_budget
 from .grammar_check import COMPACT_SEPARATORS, choice_ebnf
-from .grammar_deadline import constraint_key, within_deadline
+from .grammar_deadline import compile_error, constraint_key, within_deadline
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
 
@@ -86,7 +86,7 @@ class GrammarRunner:
             try:
                 found = self._compile_new(constraint)
             except Exception as exc:
-                self._refused[key] = str(exc).splitlines()[0][:200] if str(exc) else "no reason given"
+                self._refused[key] = compile_error(exc)
                 raise
             self._compiled[key] = found
         return found

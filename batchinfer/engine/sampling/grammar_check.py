@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from .grammar_budget import over_budget
-from .grammar_deadline import CHECKS, CompileTooSlow, within_deadline
+from .grammar_deadline import CHECKS, CompileTooSlow, compile_error, within_deadline
 
 COMPACT_SEPARATORS = (", ", ": ")  # the "tool_calls" kind's layout, with no whitespace elsewhere (grammar.py)
 
@@ -35,7 +35,7 @@ def _check(kind: str, spec: str) -> str | None:
     except CompileTooSlow as exc:
         return f"it is over a bound of docs/limits.md: {exc}"
     except Exception as exc:  # the library raises RuntimeError/ValueError with its parser's message
-        return f"it cannot be compiled into a grammar: {str(exc).splitlines()[0][:200] if str(exc) else 'no reason given'}"
+        return f"it cannot be compiled into a grammar: {compile_error(exc)}"
     return None
 
 

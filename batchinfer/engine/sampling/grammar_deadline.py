@@ -41,6 +41,11 @@ def within_deadline(compile_it: Callable[[], T], deadline_s: float = COMPILE_DEA
     return done["value"]  # type: ignore[return-value]
 
 
+def compile_error(exc: BaseException) -> str:
+    """A failed compile's reason: the first line of the grammar library's message, short."""
+    return str(exc).splitlines()[0][:200] if str(exc) else "no reason given"
+
+
 def constraint_key(kind: str, spec: str) -> str:
     """One key per distinct constraint: its hash, not its (up to 64 KiB) text."""
     return hashlib.sha256(f"{kind}\0{spec}".encode()).hexdigest()
