@@ -79,6 +79,12 @@ def test_the_packed_layout_keeps_every_weight_and_its_row_order(kernel, qtype):
     assert np.array_equal(back.numpy(), want)
 
 
+@pytest.mark.parametrize("qtype", list(TYPES))
+def test_packed_blocks_take_the_files_own_bytes(kernel, qtype):
+    n, k = 48, 1024  # whole panels: the model cache is no larger than the GGUF
+    assert packed_size(kernel, qtype, n, k) == n * k // SUPER[qtype] * BLOCK_BYTES[qtype]
+
+
 def paths(kernel) -> list[int]:
     return [p for p in (REFERENCE, AVX2, VNNI, AMX) if p <= kernel.path]
 

@@ -13,7 +13,8 @@ from .config import hf_config
 from .reader import GGUFFile
 from .tokenizer import write_tokenizer
 
-LAYOUT_VERSION = 2  # 2: every family's config (rope_parameters, head_dim), experts packed one by one
+LAYOUT_VERSION = 3  # 2: every family's config (rope_parameters, head_dim), experts packed one by one; 3: packed
+# K-quant scales (quant/packed_file.py VERSION 2)
 
 
 def cache_folder(path: Path, cache_dir: str | Path) -> Path:

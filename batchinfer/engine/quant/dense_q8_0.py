@@ -18,7 +18,7 @@ from .kernel import load_kernel
 from .packed import StackedWeight
 from .packed_file import Source, packed_weights, quantize_q8_0
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # follows packed_file.VERSION
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 

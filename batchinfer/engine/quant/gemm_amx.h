@@ -75,7 +75,7 @@ INL void decode_scaled(const int t, const uint8_t *rec, uint8_t *lo, uint8_t *hi
         __m512i v[8];
         decode_group(t, rec + L.off_codes + g * L.group_bytes, v);
         // channel n's scale in the four bytes of lane n, then only in the even (or the odd) byte of each pair
-        const __m512i sc32 = _mm512_permutexvar_epi32(spread, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + L.off_sc + g * PANEL))));
+        const __m512i sc32 = _mm512_permutexvar_epi32(spread, _mm512_cvtepi8_epi32(kq_scales16(t, rec, g)));
         const __m512i sc8 = _mm512_and_si512(sc32, _mm512_set1_epi32(0xFF));
         const __m512i sc_even = _mm512_or_si512(sc8, _mm512_slli_epi32(sc8, 16));
         const __m512i sc_odd = _mm512_slli_epi32(sc_even, 8);

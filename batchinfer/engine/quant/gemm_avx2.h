@@ -69,14 +69,16 @@ INL2 __m256 block_step2(const int t, __m256i dot, const uint8_t *rec, int h, con
     return acc;
 }
 
+// Channels 8h..8h+7 of 16 bytes, in the low 8.
+INL2 __m128i half_of(__m128i v, int h) { return h ? _mm_unpackhi_epi64(v, v) : v; }
+
 INL2 __m256i offset_sum2(const int t, const uint8_t *rec, int h, const act_t *A, int64_t m, int64_t s) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
-    const uint8_t *c = rec + (q.mins ? L.off_mn : L.off_sc) + 8 * h;
     __m256i osb = _mm256_setzero_si256();
     for (int i = 0; i < L.groups / 2; i++) {
-        const __m128i a = _mm_loadl_epi64((const __m128i *)(c + 2 * i * PANEL));
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(c + (2 * i + 1) * PANEL));
+        const __m128i a = half_of(q.mins ? kq_mins16(t, rec, 2 * i) : kq_scales16(t, rec, 2 * i), h);
+        const __m128i b = half_of(q.mins ? kq_mins16(t, rec, 2 * i + 1) : kq_scales16(t, rec, 2 * i + 1), h);
         const __m256i lo = q.mins ? _mm256_cvtepu8_epi32(a) : _mm256_cvtepi8_epi32(a);
         const __m256i hi = q.mins ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
         const __m256i pair = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
@@ -123,7 +125,7 @@ INL2 void half_rows(const int t, const int R, const act_t *A, int64_t m0, const 
         for (int g = 0; g < L.groups; g++) {
             __m256i v[8];
             decode_half(t, rec + L.off_codes + g * L.group_bytes, h, v);
-            const __m256i sc = q.kquant ? _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + L.off_sc + g * PANEL + 8 * h)))
+            const __m256i sc = q.kquant ? _mm256_cvtepi8_epi32(half_of(kq_scales16(t, rec, g), h))
                                         : _mm256_setzero_si256();
             for (int r = 0; r < R; r++) {
                 const __m256i dot = group_dot2(t, v, A->q + (m0 + r) * K + s * q.sb + g * q.g);

@@ -73,10 +73,9 @@ INL __m512 block_step(const int t, __m512i dot, block_scales_t sc, int folded, c
 INL void group_pairs(const int t, const uint8_t *rec, __m512i *pairs) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
-    const uint8_t *c = rec + (q.mins ? L.off_mn : L.off_sc);
     for (int i = 0; i < L.groups / 2; i++) {
-        const __m128i a = _mm_loadu_si128((const __m128i *)(c + 2 * i * PANEL));
-        const __m128i b = _mm_loadu_si128((const __m128i *)(c + (2 * i + 1) * PANEL));
+        const __m128i a = q.mins ? kq_mins16(t, rec, 2 * i) : kq_scales16(t, rec, 2 * i);
+        const __m128i b = q.mins ? kq_mins16(t, rec, 2 * i + 1) : kq_scales16(t, rec, 2 * i + 1);
         const __m512i lo = q.mins ? _mm512_cvtepu8_epi32(a) : _mm512_cvtepi8_epi32(a);
         const __m512i hi = q.mins ? _mm512_cvtepu8_epi32(b) : _mm512_cvtepi8_epi32(b);
         pairs[i] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
@@ -107,7 +106,7 @@ INL __m512 superblock_step(const int t, __m512i isb, __m512i osb, int folded, co
 }
 
 INL __m512i group_scales(const int t, const uint8_t *rec, int g) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(rec + layout_of(t).off_sc + g * PANEL)));
+    return _mm512_cvtepi8_epi32(kq_scales16(t, rec, g));
 }
 
 INL void store_row(float *y, __m512 acc, int ncols) {

@@ -3,8 +3,8 @@
 
 Layout: 8 bytes of header length, a JSON header {tensor: [block type, rows, cols, offset, bytes]}, then each
 tensor's packed panels at 64-byte aligned offsets. Built tensor by tensor into a mapped file whose pages are
-written back and dropped as it goes, so the build's memory stays near one tensor, not the model, and the file is
-at most a few percent larger than the GGUF's projections.
+written back and dropped as it goes, so the build's memory stays near one tensor, not the model, and the packed
+blocks take the GGUF's own bytes (qtypes.h).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 from .kernel import Kernel
 from .packed import PackedWeight, packed_size, repack
 
-VERSION = 1
+VERSION = 2  # 2: K-quant scales packed as the file packs them (bump the cache keys that name it)
 ALIGN = 64
 
 

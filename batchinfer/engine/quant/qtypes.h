@@ -7,14 +7,16 @@
 //
 // Packed layout (repack.h writes it): output channels in panels of 16, each panel a run of records, one per
 // super-block along K. A record holds, in order:
-//   d[16] fp16 | dm[16] fp16 (types with a min) | sc[groups][16] (K-quants) | mn[groups][16] (K-quants with mins)
-//   | codes of each group
+//   d[16] fp16 | dm[16] fp16 (types with a min) | the group scales and mins (K-quants, see kq_value) | codes of
+//   each group
+// so a record takes exactly the bytes of its 16 rows' GGUF blocks (the cache file is no larger than the file)
 // and a group's codes are its G/4 "VNNI vectors": vector j, byte 4n + t = u[4j + t][channel n], stored as
 //   8 bits (Q8_0, as signed q = u ^ 0x80), nibbles (4-6 bits: vector j low, vector j + G/8 high),
 //   or 2-bit crumbs (2-3 bits: crumb c of each byte is vector c), then one 64-bit mask per vector and high bit.
 #pragma once
 #include <stdint.h>
 #include <string.h>
+#include <emmintrin.h>
 
 #define PANEL 16
 #define QK 256
@@ -37,14 +39,16 @@ typedef struct {
     int kquant;      // 1: integer group scales in a 256 super-block, activations in Q8_K
     int mins;        // 1: a float min (32-types: m; K-quants: dmin * mn)
     int block_bytes; // GGUF bytes per super-block of one row
+    int sbits;       // K-quants: bits of a group scale (and min), as the file stores them
+    int sbias;       // K-quants: stored scale = scale + sbias (Q3_K's 6-bit signed scales)
 } qtype_t;
 
 static const qtype_t QT[NTYPES] = {
     [Q4_0] = {32, 32, 4, 8, 0, 0, 18},   [Q4_1] = {32, 32, 4, 0, 0, 1, 20},
     [Q5_0] = {32, 32, 5, 16, 0, 0, 22},  [Q5_1] = {32, 32, 5, 0, 0, 1, 24},
-    [Q8_0] = {32, 32, 8, 128, 0, 0, 34}, [Q2_K] = {QK, 16, 2, 0, 1, 1, 84},
-    [Q3_K] = {QK, 16, 3, 4, 1, 0, 110},  [Q4_K] = {QK, 32, 4, 0, 1, 1, 144},
-    [Q5_K] = {QK, 32, 5, 0, 1, 1, 176},  [Q6_K] = {QK, 16, 6, 32, 1, 0, 210},
+    [Q8_0] = {32, 32, 8, 128, 0, 0, 34}, [Q2_K] = {QK, 16, 2, 0, 1, 1, 84, 4, 0},
+    [Q3_K] = {QK, 16, 3, 4, 1, 0, 110, 6, 32},  [Q4_K] = {QK, 32, 4, 0, 1, 1, 144, 6, 0},
+    [Q5_K] = {QK, 32, 5, 0, 1, 1, 176, 6, 0},  [Q6_K] = {QK, 16, 6, 32, 1, 0, 210, 8, 0},
 };
 
 typedef struct {
@@ -53,7 +57,7 @@ typedef struct {
     int base_bytes;  // a group's low bits (8-bit bytes, nibbles or crumbs)
     int high_bits;   // bits above the base, each a 64-bit mask per vector
     int group_bytes; // base + masks
-    int off_dm, off_sc, off_mn, off_codes, record_bytes;
+    int off_dm, off_sc, off_codes, record_bytes;
 } layout_t;
 
 static inline __attribute__((always_inline)) layout_t layout_of(const int t) {
@@ -67,10 +71,58 @@ static inline __attribute__((always_inline)) layout_t layout_of(const int t) {
     L.group_bytes = L.base_bytes + L.high_bits * L.vecs * 8;
     L.off_dm = 32;
     L.off_sc = L.off_dm + (q.mins ? 32 : 0);
-    L.off_mn = L.off_sc + (q.kquant ? L.groups * PANEL : 0);
-    L.off_codes = L.off_mn + (q.kquant && q.mins ? L.groups * PANEL : 0);
+    L.off_codes = L.off_sc + (q.kquant ? (q.sbits == 6 ? 12 : 16) * PANEL : 0);
     L.record_bytes = L.off_codes + L.groups * L.group_bytes;
     return L;
+}
+
+// K-quants' scales and mins, as packed as the file packs them: values x_0..x_{n-1} (scales, then mins: value
+// `groups + g` is group g's min), each held for the 16 channels in 16-byte planes (byte n: channel n) as
+//   8 bits (Q6_K):       plane i
+//   4 bits (Q2_K):       plane i % 16, nibble i / 16
+//   6 bits (Q3_K-Q5_K):  low 4 bits in plane i % 8, nibble i / 8; high 2 bits in plane 8 + i % 4, bits 2 * (i / 8) +
+//                        4 * (i % 8 / 4)
+static inline int kq_value(const int t, const uint8_t *rec, int i, int n) {
+    const uint8_t *p = rec + layout_of(t).off_sc + n;
+    switch (QT[t].sbits) {
+    case 8: return p[16 * i];
+    case 4: return (p[16 * (i % 16)] >> (4 * (i / 16))) & 15;
+    default: return ((p[16 * (i % 8)] >> (4 * (i / 8))) & 15) | (((p[16 * (8 + i % 4)] >> (2 * (i / 8) + 4 * (i % 8 / 4))) & 3) << 4);
+    }
+}
+
+static inline void kq_put(const int t, uint8_t *rec, int i, int n, int x) {
+    uint8_t *p = rec + layout_of(t).off_sc + n;
+    switch (QT[t].sbits) {
+    case 8: p[16 * i] = (uint8_t)x; break;
+    case 4: p[16 * (i % 16)] |= (uint8_t)((x & 15) << (4 * (i / 16))); break;
+    default:
+        p[16 * (i % 8)] |= (uint8_t)((x & 15) << (4 * (i / 8)));
+        p[16 * (8 + i % 4)] |= (uint8_t)(((x >> 4) & 3) << (2 * (i / 8) + 4 * (i % 8 / 4)));
+    }
+}
+
+// Value i of the 16 channels as 16 bytes (SSE2: every x86-64 path).
+static inline __attribute__((always_inline)) __m128i kq_values16(const int t, const uint8_t *rec, int i) {
+    const uint8_t *p = rec + layout_of(t).off_sc;
+    const int sbits = QT[t].sbits, planes = sbits == 4 ? 16 : 8;
+    if (sbits == 8) return _mm_loadu_si128((const __m128i *)(p + 16 * i));
+    const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * (i % planes))),
+                                                   _mm_cvtsi32_si128(4 * (i / planes))), _mm_set1_epi8(15));
+    if (sbits == 4) return lo;
+    const __m128i hi = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(p + 16 * (8 + i % 4))),
+                                                   _mm_cvtsi32_si128(2 * (i / 8) + 4 * (i % 8 / 4))), _mm_set1_epi8(3));
+    return _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+}
+
+// Group g's scales (signed bytes) and mins (unsigned) of the 16 channels.
+static inline __attribute__((always_inline)) __m128i kq_scales16(const int t, const uint8_t *rec, int g) {
+    const __m128i v = kq_values16(t, rec, g);
+    return QT[t].sbias ? _mm_sub_epi8(v, _mm_set1_epi8((char)QT[t].sbias)) : v;
+}
+
+static inline __attribute__((always_inline)) __m128i kq_mins16(const int t, const uint8_t *rec, int g) {
+    return kq_values16(t, rec, layout_of(t).groups + g);
 }
 
 static inline float fp16_to_f32(uint16_t h) {

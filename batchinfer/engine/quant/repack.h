@@ -16,8 +16,8 @@ static void write_record(const int t, const block_t *blk, uint8_t *rec) {
         d[n] = blk[n].d;
         if (q.mins) dm[n] = blk[n].dm;
         for (int g = 0; q.kquant && g < L.groups; g++) {
-            rec[L.off_sc + g * PANEL + n] = (uint8_t)blk[n].sc[g];
-            if (q.mins) rec[L.off_mn + g * PANEL + n] = blk[n].mn[g];
+            kq_put(t, rec, g, n, blk[n].sc[g] + q.sbias);
+            if (q.mins) kq_put(t, rec, L.groups + g, n, blk[n].mn[g]);
         }
     }
     // Four codes of a channel at a time (a 32-bit word: byte i is code 4j + i), so a vector's byte 4n + i is
@@ -89,8 +89,8 @@ static void unpack_column(const int t, const uint8_t *rec, int n, block_t *blk) 
     blk->dm = 0;
     if (q.mins) memcpy(&blk->dm, rec + L.off_dm + 2 * n, 2);
     for (int g = 0; q.kquant && g < L.groups && g < 16; g++) {
-        blk->sc[g] = (int8_t)rec[L.off_sc + g * PANEL + n];
-        blk->mn[g] = q.mins ? rec[L.off_mn + g * PANEL + n] : 0;
+        blk->sc[g] = (int8_t)(kq_value(t, rec, g, n) - q.sbias);
+        blk->mn[g] = q.mins ? (uint8_t)kq_value(t, rec, L.groups + g, n) : 0;
     }
     for (int g = 0; g < L.groups; g++) {
         const uint8_t *codes = rec + L.off_codes + g * L.group_bytes;
