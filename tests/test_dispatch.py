@@ -140,3 +140,19 @@ def test_a_claim_on_sqlite_keeps_what_moved_when_a_request_changed_under_it(make
     with ctx.sessions() as session:
         assert unit.num_requests == session.get(WorkUnit, unit.unit_id).num_requests == 2
         assert sorted(session.scalars(select(Request.index).where(Request.unit_id == unit.unit_id))) == [1, 2]
+
+
+def test_lines_of_two_adapters_sharing_a_prompt_are_planned_in_two_groups(make_context):
+    """The line's model names its adapter (the batch's model is the base): one group per adapter, each routed by
+    its own key, never one group whose KV the engine could not share."""
+    ctx = make_context(adapters={"tuned-a": "/x", "tuned-b": "/y"})
+    lines = [completion_line(f"{m}{i}", SHARED + f"Item {i}?", model=m)
+             for m in ("tuned-a", "tuned-b", "smollm2-135m-instruct") for i in range(3)]
+    submit_lines(ctx, lines)
+    units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=3))
+    with ctx.sessions() as session:
+        keys = {u.unit_id: session.get(WorkUnit, u.unit_id).prefix_key for u in units}
+        ids = {keys[u.unit_id]: sorted(session.scalars(select(Request.custom_id).where(Request.unit_id == u.unit_id)))
+               for u in units}
+    assert sorted(ids.values()) == [[f"{m}{i}" for i in range(3)] for m in ("smollm2-135m-instruct", "tuned-a", "tuned-b")]
+    assert "" not in ids and len(ids) == 3
