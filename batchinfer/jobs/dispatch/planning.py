@@ -169,7 +169,8 @@ def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_lo
     if worker_loads:
         mine = _serving(model, worker_loads)
         costs = [p.cost for p in plans]
-        queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine)
+        queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine,
+                             adapters=[p.adapter for p in plans])
     else:
         queues = [choose_queue(p.prefix_key, live_workers) for p in plans]
     return [model_queue(model) if q == SHARED_QUEUE else q for q in queues]

@@ -44,6 +44,7 @@ class UnitOutcome:
     unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (read by its commit)
     given_back: int = 0  # requests the worker's drain stopped, back to pending for another worker
+    adapters: tuple[str, ...] = ()  # the LoRA adapters its lines named, in order (its engine loaded them)
 
 
 Aborts = Callable[[], Collection[str]]
@@ -80,6 +81,7 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
                                lambda: record_store.store_results(ctx.storage, unit_id, attempt, rest))
     outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, rest, give_back=watch.drained))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
+    outcome.adapters = tuple(dict.fromkeys(r.request.model for r, _ in requests if r.request.model in adapters))
     watch.finish(generator)
     if outcome.committed:
         jobs = sorted(({key.job_id for key in to_run} | outcome.jobs) - outcome.unfinished_jobs)
