@@ -25,6 +25,7 @@ def test_adapters_are_read_from_json_and_numbered_for_the_engine(monkeypatch):
 @pytest.mark.parametrize("adapters, models, why", [
     ({"bad id!": "/x"}, {}, "BATCHINFER_ADAPTERS"),
     ({"tuned": ""}, {}, "has no folder"),
+    ({"tuned": "s3:///adapters/tuned"}, {}, "names no bucket"),
     ({"other": "/x"}, {"other": "/ckpt"}, "already a model's id"),
 ])
 def test_a_bad_adapter_setting_fails_naming_it(adapters, models, why):
