@@ -79,9 +79,11 @@ class Settings(BaseSettings):
     # (their tokenizers) before any worker runs them; live workers announce theirs too (cluster.registry)
     models: dict[str, str] = Field(default_factory=dict)
     # LoRA adapters of this process's model (BATCHINFER_MODEL_ID), as JSON {"adapter id": "peft folder"}: a line's
-    # `model` may name one; the engine loads it at first use (docs/adapters.md)
+    # `model` may name one; the engine loads it at first use (docs/adapters.md). A folder may be s3://bucket/prefix:
+    # a worker downloads its two files into model_cache/adapters once, at first use
     adapters: dict[str, str] = Field(default_factory=dict)
     max_loaded_adapters: int = 8  # adapters an engine holds loaded (and runs in one step); least recently used evicted
+    max_adapter_bytes: int = 4 << 30  # an adapter's file in S3 larger than this is refused, not downloaded
     model_cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "batchinfer" / "models")
     device: str | None = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # engine weights and KV cache: auto (engine/machine/dtype.py), float32, bfloat16
@@ -161,7 +163,8 @@ class Settings(BaseSettings):
                      "max_active_batches_per_owner", "kv_block_size", "max_json_bytes", "max_message_batch_bytes",
                      "api_requests_per_min",
                      "api_concurrent_uploads", "api_concurrent_estimates", "api_auth_failures_per_min",
-                     "api_work_threads", "api_in_flight_lease_s", "max_loaded_adapters", "chunk_requests")
+                     "api_work_threads", "api_in_flight_lease_s", "max_loaded_adapters", "max_adapter_bytes",
+                     "chunk_requests")
     @classmethod
     def _positive(cls, value: int, info) -> int:
         if value < 1:
@@ -202,6 +205,8 @@ class Settings(BaseSettings):
             check_model_id(adapter_id, "BATCHINFER_ADAPTERS")
             if not path:
                 raise ValueError(f"BATCHINFER_ADAPTERS: adapter {adapter_id!r} has no folder")
+            if path.startswith("s3://") and not path[5:].split("/", 1)[0]:
+                raise ValueError(f"BATCHINFER_ADAPTERS: adapter {adapter_id!r}: {path!r} names no bucket")
             if adapter_id in taken:
                 raise ValueError(f"BATCHINFER_ADAPTERS: {adapter_id!r} is already a model's id")
         return value

@@ -140,3 +140,34 @@ def test_a_claim_on_sqlite_keeps_what_moved_when_a_request_changed_under_it(make
     with ctx.sessions() as session:
         assert unit.num_requests == session.get(WorkUnit, unit.unit_id).num_requests == 2
         assert sorted(session.scalars(select(Request.index).where(Request.unit_id == unit.unit_id))) == [1, 2]
+
+
+def test_lines_of_two_adapters_sharing_a_prompt_are_planned_in_two_groups(make_context):
+    """The line's model names its adapter (the batch's model is the base): one group per adapter, each routed by
+    its own key, never one group whose KV the engine could not share."""
+    ctx = make_context(adapters={"tuned-a": "/x", "tuned-b": "/y"})
+    lines = [completion_line(f"{m}{i}", SHARED + f"Item {i}?", model=m)
+             for m in ("tuned-a", "tuned-b", "smollm2-135m-instruct") for i in range(3)]
+    submit_lines(ctx, lines)
+    units = dispatch(ctx, [], PlannerConfig(max_requests_per_unit=3))
+    with ctx.sessions() as session:
+        keys = {u.unit_id: session.get(WorkUnit, u.unit_id).prefix_key for u in units}
+        ids = {keys[u.unit_id]: sorted(session.scalars(select(Request.custom_id).where(Request.unit_id == u.unit_id)))
+               for u in units}
+    assert sorted(ids.values()) == [[f"{m}{i}" for i in range(3)] for m in ("smollm2-135m-instruct", "tuned-a", "tuned-b")]
+    assert "" not in ids and len(ids) == 3
+
+
+def test_an_adapter_s_group_is_sent_to_the_worker_that_holds_the_adapter_loaded(make_context):
+    from batchinfer.jobs.dispatch.routing import WorkerLoad, rendezvous_order
+
+    ctx = make_context(adapters={"tuned-a": "/x", "tuned-b": "/y"})
+    submit_lines(ctx, [completion_line(f"b{i}", SHARED + f"Item {i}?", model="tuned-b") for i in range(3)])
+    workers = sorted(f"w{i}" for i in range(4))
+    holder = next(w for w in rendezvous_order("any-key", workers) if w != rendezvous_order("lora\0tuned-b", workers)[0])
+    loads = [WorkerLoad(w, adapters=frozenset({"tuned-b"} if w == holder else ())) for w in workers]
+    units = dispatch(ctx, workers, PlannerConfig(max_requests_per_unit=8), worker_loads=loads)
+    assert [(u.queue, u.num_requests) for u in units] == [(f"batchinfer.worker.{holder}", 3)]
+    with ctx.sessions() as session:
+        key = session.get(WorkUnit, units[0].unit_id).prefix_key
+    assert rendezvous_order(key, workers)[0] != holder  # by its prefix key alone it would go elsewhere

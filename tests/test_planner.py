@@ -340,3 +340,39 @@ def test_a_deep_backlog_gets_bigger_units_and_a_short_one_keeps_the_base_size():
     assert max(sizes) == 32 and sum(sizes) == len(pending)
     capped = replace(grown, max_tokens_per_unit=min(r.cost for r in pending) * 12)
     assert max(len(u.requests) for u in plan_units(pending, capped)) <= 12
+
+
+def test_lines_of_different_adapters_never_share_a_prefix_group_and_one_adapter_shares_one():
+    from batchinfer.planner.grouping import Grouping
+    from batchinfer.planner.prefix_tree import PrefixTree
+
+    rng = random.Random(11)
+    system = tokens(rng, 8 * BS)  # the same system prompt on every line
+    adapters = ["", "invoice", "support", "invoice", "", "support"] * 3  # base and two adapters, interleaved
+    pending = [PendingRequest("job0", i, system + tokens(rng, 20), 8, adapter=a) for i, a in enumerate(adapters)]
+    config = PlannerConfig(block_size=BS)
+    grouping = Grouping(PrefixTree(pending, BS), config)
+    group_of = {r.index: grouping.group_of[p] for p, r in enumerate(pending)}
+    for adapter in ("", "invoice", "support"):
+        mine = {id(group_of[r.index]) for r in pending if r.adapter == adapter}
+        assert len(mine) == 1 and group_of[adapters.index(adapter)] is not None, f"{adapter!r}: one group"
+        assert group_of[adapters.index(adapter)].adapter == adapter
+    assert len({g.key for g in grouping.groups}) == len(grouping.groups) == 3
+    # the prompt is computed once per adapter: 5 of each adapter's 6 lines find it cached, not 17 of 18
+    assert estimate_plan(pending, config).expected_cached_tokens == 3 * 5 * 8 * BS
+    units = plan_units(pending, config)
+    assert len(units) == 1 and units[0].shared_prefix_len == 8 * BS  # one unit: its adapters run in the same steps
+    base_only = plan_units([r for r in pending if not r.adapter], config)[0]
+    assert base_only.adapter == "" and base_only.prefix_key == prefix_key(system, "")
+    invoice = plan_units([r for r in pending if r.adapter == "invoice"], config)[0]
+    assert invoice.adapter == "invoice" and invoice.prefix_key == prefix_key(system, "", "invoice") != base_only.prefix_key
+
+
+def test_a_prepared_line_names_an_adapter_when_its_model_is_not_its_batch_s():
+    from batchinfer.engine.types import SamplingParams
+    from batchinfer.jobs.records import PreparedRequest
+
+    line = PreparedRequest(0, "/v1/chat/completions", "invoice", [1, 2, 3], SamplingParams(max_tokens=4))
+    assert line.to_pending("j", base="llama-1b").adapter == "invoice"
+    assert replace(line, model="llama-1b").to_pending("j", base="llama-1b").adapter == ""
+    assert line.to_pending("j").adapter == ""  # no base known: planned as the base's (as before adapters)

@@ -246,3 +246,54 @@ def test_a_fleet_of_models_steals_drains_and_finds_units_within_each_model(regis
     message = json.dumps({"body": "e30=", "headers": {"task": "batchinfer.run_unit", "argsrepr": "['unit_mb']"}})
     push(registry, model_queue("m-b"), message)
     assert registry.queued_unit_ids() == {"unit_mb"}  # the sweep sees units waiting in a model's queue
+
+
+def adapter_owners(adapters, queues) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for adapter, q in zip(adapters, queues):
+        found.setdefault(adapter, set()).add(owner_of(q))
+    return found
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("seed", range(6))
+def test_an_adapter_s_groups_gather_on_one_worker_within_its_fair_share(seed):
+    rng = random.Random(seed)
+    names = [f"a{rng.randrange(10**6)}", f"b{rng.randrange(10**6)}"]
+    groups = [(f"g{i}", names[i % 2]) for i in range(8)]  # 4 prefix groups of each adapter, interleaved
+    units = [(key, 100) for key, _ in groups]
+    adapters = [adapter for _, adapter in groups]
+    queues = route_units(units, [WorkerLoad("w1"), WorkerLoad("w2")], adapters=adapters)
+    owners = adapter_owners(adapters, queues)
+    assert all(len(o) == 1 for o in owners.values()), owners  # by prefix key alone they alternate over both
+    assert owners[names[0]] != owners[names[1]]
+    plain = route_units(units, [WorkerLoad("w1"), WorkerLoad("w2")])
+    assert any(len(o) == 2 for o in adapter_owners(adapters, plain).values())
+
+
+@pytest.mark.fast
+def test_an_adapter_s_group_prefers_a_worker_holding_it_loaded_but_not_past_its_fair_share():
+    workers = [WorkerLoad(f"w{i}") for i in range(4)]
+    default = owner_of(route_units([("g", 100)], workers, adapters=["tuned"])[0])
+    holder = next(w for w in workers if w.name != default)
+    holder.adapters = frozenset({"tuned"})
+    assert route_units([("g", 100)], workers, adapters=["tuned"]) == [worker_queue(holder.name)]
+    holder.holds = frozenset({"g2"})  # a holder of the group's prefix comes first
+    queues = route_units([("g2", 100)], workers, adapters=["other"])
+    assert queues == [worker_queue(holder.name)]
+    many = route_units([(f"g{i}", 100) for i in range(8)], workers, adapters=["tuned"] * 8)
+    assert sorted(many.count(worker_queue(w.name)) for w in workers) == [2, 2, 2, 2]  # still spread evenly
+
+
+def test_agent_reports_the_adapters_its_engine_holds(registry):
+    agent = WorkerAgent(registry, "lora-worker", beat_s=60, max_loaded_adapters=2)
+    agent.start()
+    try:
+        agent.unit_finished("pk", adapters=("a", "b"))
+        agent.unit_finished("pk", adapters=("c",))
+        me = {w.name: w for w in registry.live()}["lora-worker"]
+        assert me.adapters == ["c", "b"]  # as the engine's LRU of 2: a was evicted
+        load = {w.name: w for w in registry.loads()}["lora-worker"]
+        assert load.adapters == frozenset({"b", "c"})
+    finally:
+        agent.stop()

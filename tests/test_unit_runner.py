@@ -126,3 +126,15 @@ def test_kept_unit_inputs_stay_under_their_token_bound_and_age():
     stale = UnitInputs(max_tokens=100, max_age_s=0.0)
     assert stale.put("a", unit(60)) and stale.put("b", unit(60))  # a, never run here, was dropped on b's put
     assert stale.take("a") is None and stale.take("b") is not None
+
+
+def test_a_unit_reports_the_adapters_its_lines_named(make_context):
+    """The worker publishes them (routing prefers a worker holding an adapter loaded)."""
+    from batchinfer.runtime.null_generator import NullGenerator
+
+    ctx = make_context(adapters={"tuned-a": "/x", "tuned-b": "/y"})
+    models = ["tuned-b", "smollm2-135m-instruct", "tuned-a", "tuned-b"]
+    submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", model=m) for i, m in enumerate(models)])
+    (unit,) = dispatch(ctx)
+    outcome = run_unit(ctx, unit.unit_id, NullGenerator.from_settings(ctx.settings), "w1")
+    assert outcome.completed == 4 and outcome.adapters == ("tuned-b", "tuned-a")

@@ -59,7 +59,7 @@ def start_worker(name: str | None, queues: list[str], loglevel: str = "INFO") ->
         process.agent = WorkerAgent(reg, name, settings.worker_beat_s, settings.worker_steal,
                                     lambda: maybe_sweep(process.ctx, reg, hooks),
                                     on_fault=lambda exc, needs: outage.observe(process.ctx, exc, needs), model=settings.model_id,
-                                    model_path=settings.model).start()
+                                    model_path=settings.model, max_loaded_adapters=settings.max_loaded_adapters).start()
         process.webhooks = DeliveryLoop(process.ctx).start()
 
     @signals.worker_shutting_down.connect(weak=False)

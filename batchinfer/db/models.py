@@ -139,6 +139,7 @@ class WorkUnit(Base):
     prefix_key: Mapped[str] = mapped_column(String(128))
     shared_prefix_len: Mapped[int] = mapped_column(Integer, default=0)
     model: Mapped[str | None] = mapped_column(String(128))  # its jobs' model; None: planned before fleets had several
+    adapter: Mapped[str | None] = mapped_column(String(128))  # its prefix group's LoRA adapter; None: the base's
     num_requests: Mapped[int] = mapped_column(Integer)
     input_key: Mapped[str] = mapped_column(String(512))
     result_key: Mapped[str | None] = mapped_column(String(512))  # set by the run that won the commit fence

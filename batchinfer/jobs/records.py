@@ -106,10 +106,13 @@ class PreparedRequest:
         self.prompt_token_ids = token_array(self.prompt_token_ids)
         return self
 
-    def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "") -> PendingRequest:
-        """Shares the ids when compact (no copy); a list is copied into an array."""
+    def to_pending(self, job_id: str, priority: int = 0, submitted_at: float = 0.0, scope: str = "",
+                   base: str = "") -> PendingRequest:
+        """Shares the ids when compact (no copy); a list is copied into an array. base: the batch's model; a line
+        naming another model names one of its adapters (validation let no other through)."""
+        adapter = self.model if base and self.model != base else ""
         return PendingRequest(job_id, self.index, token_array(self.prompt_token_ids), self.sampling.max_tokens,
-                              priority, submitted_at, scope, self.sampling.n)
+                              priority, submitted_at, scope, self.sampling.n, adapter)
 
 
 _PREPARED_FIELDS = tuple(f.name for f in fields(PreparedRequest))

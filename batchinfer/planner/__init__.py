@@ -6,7 +6,8 @@ prefix reuse first), and carry the group's prefix_key so routing can send a grou
 that holds its prefix. Priority classes run in order and jobs share each class fairly
 (planner.fairness). grouping=False is first come, first served, for comparison. Either way a unit
 holds requests of one cache scope only (PendingRequest.scope): tenants that do not share a scope
-never share a unit, a group or an expected cache hit.
+never share a unit, a group or an expected cache hit. Requests of different LoRA adapters
+(PendingRequest.adapter) never share a group or an expected cache hit either, but may share a unit.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _unit_plan(requests: list[PendingRequest], groups: list) -> UnitPlan:
     dominant = max(groups, key=lambda g: weight[id(g)])
     if dominant is None:
         return UnitPlan(requests, "", 0)
-    return UnitPlan(requests, dominant.key, dominant.prefix_len)
+    return UnitPlan(requests, dominant.key, dominant.prefix_len, adapter=dominant.adapter)
 
 
 def _set_expected_cached(units: list[UnitPlan], tree: PrefixTree, position: dict[int, int]) -> None:

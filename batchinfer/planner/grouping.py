@@ -2,7 +2,8 @@
 
 A prefix group is a branch point of the trie whose shared prefix adds at least
 min_group_prefix_tokens to the group above it and that holds at least min_group_requests
-requests: a system prompt (or a long document) that several requests, of any job, start with.
+requests: a system prompt (or a long document) that several requests, of any job, start with. A group
+holds one cache scope's requests of one adapter (the tree keeps them apart): the engine shares no KV across them.
 A request belongs to its deepest group; its routing key is that group's prefix_key.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ class Group:
     key: str
     prefix_len: int  # tokens
     node: Node
+    adapter: str = ""  # its requests' LoRA adapter ("": the base)
 
 
 class Grouping:
@@ -43,7 +45,8 @@ class Grouping:
 
     def _make_group(self, node: Node) -> Group:
         length, first = node.depth, self.tree.requests[node.first]
-        group = Group(prefix_key(first.prompt_token_ids[:length], first.scope), length, node)
+        group = Group(prefix_key(first.prompt_token_ids[:length], first.scope, first.adapter), length, node,
+                      first.adapter)
         self.group_at[id(node)] = group
         return group
 
@@ -53,7 +56,8 @@ class Grouping:
 
 
 class UnitPacker:
-    """Depth-first packing, one cache scope after another (a unit never mixes scopes). A group holding
+    """Depth-first packing, one cache scope after another (a unit never mixes scopes; it may mix adapters, whose
+    lines run in the same engine steps, but never cuts through a group). A group holding
     at least group_own_unit_fill of a unit gets units of its own (evenly sized when it needs several), so
     units are the grain routing spreads over workers; smaller groups share units but are never split;
     other subtrees are split rather than closing a unit below min_unit_fill."""

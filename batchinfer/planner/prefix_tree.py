@@ -2,9 +2,10 @@
 groups and orders requests by.
 
 Two requests share a node exactly when the engine could share those KV blocks between them
-(only full blocks are shared, as in the engine, and only within one cache scope: the root has one
-child per scope, at depth 0, and every prefix hangs under its request's scope). Edges hold runs of whole blocks, so a request
-that follows a long shared system prompt costs one comparison, not one per block.
+(only full blocks are shared, as in the engine, and only within one cache scope and one LoRA adapter: the root
+has one child per scope, each scope one child per adapter ("" for the base), all at depth 0, and every prefix hangs
+under its request's adapter in its scope: an adapter changes K and V, so the engine keys blocks by it). Edges hold
+runs of whole blocks, so a request that follows a long shared system prompt costs one comparison, not one per block.
 
 The tree copies no token ids: each request's ids are one array('i') (4 bytes a token; a tuple of Python ints
 costs about 36), a node's edge is a slice of the ids of a request that passes through it (`src`), and only a
@@ -28,7 +29,7 @@ class Node:
         self.src = src  # ids of a request through this node: its edge is src[parent.depth:depth] (whole blocks)
         self.depth = depth  # tokens from the root to the end of this node
         self.parent = parent
-        self.children: dict[object, Node] = {}  # keyed by the child's first block, as bytes (the root's: by scope)
+        self.children: dict[object, Node] = {}  # by the child's first block, as bytes (a scope's: by adapter)
         self.ends: list[int] = []  # requests whose last full block ends here
         self.count = 0  # requests in the subtree
         self.cost = 0  # prompt + max_tokens over the subtree
@@ -52,15 +53,13 @@ class PrefixTree:
         self.requests = requests
         self.block_size = block_size
         self.root = Node(_NO_IDS, 0, None)
-        self.node_of: list[Node] = [self._insert(p, token_array(r.prompt_token_ids), self._scope_root(r.scope))
+        self.node_of: list[Node] = [self._insert(p, token_array(r.prompt_token_ids), self._adapter_root(r))
                                     for p, r in enumerate(requests)]
         self._annotate()
 
-    def _scope_root(self, scope: str) -> Node:
-        node = self.root.children.get((scope,))
-        if node is None:
-            node = self.root.children[(scope,)] = Node(_NO_IDS, 0, self.root)
-        return node
+    def _adapter_root(self, request: PendingRequest) -> Node:
+        """The depth-0 node the request's prefixes hang under: its adapter's, under its scope's."""
+        return _child_at_zero(_child_at_zero(self.root, (request.scope,)), (request.adapter,))
 
     @property
     def scope_roots(self) -> list[Node]:
@@ -162,15 +161,24 @@ class PrefixTree:
         return out
 
 
+def _child_at_zero(parent: Node, key: tuple[str]) -> Node:
+    node = parent.children.get(key)
+    if node is None:
+        node = parent.children[key] = Node(_NO_IDS, 0, parent)
+    return node
+
+
 def _reuse_first(node: Node) -> tuple[int, int]:
     return -node.savings, node.first
 
 
-def prefix_key(token_ids: Sequence[int], scope: str = "") -> str:
-    """Stable routing key of a token prefix in a cache scope (the same in every process and plan)."""
+def prefix_key(token_ids: Sequence[int], scope: str = "", adapter: str = "") -> str:
+    """Stable routing key of a token prefix in a cache scope, for an adapter ("": the base), the same in every
+    process and plan."""
     if not token_ids:
         return ""
     salt = scope.encode() + b"\0" if scope else b""
+    salt += b"\0lora\0" + adapter.encode() + b"\0" if adapter else b""  # the base's keys are as they were
     return hashlib.blake2b(salt + array("q", token_ids).tobytes(), digest_size=8).hexdigest()
 
 

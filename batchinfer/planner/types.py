@@ -22,6 +22,7 @@ class PendingRequest:
     submitted_at: float = 0.0  # the job's queued time, wall clock
     scope: str = ""  # the job's cache scope: requests of different scopes never share a unit, group or block
     n: int = 1  # samples: the prompt is computed once, each sample may generate max_tokens
+    adapter: str = ""  # the LoRA adapter the line names ("": the base): only one adapter's requests share a group
 
     @property
     def new_tokens(self) -> int:
@@ -40,6 +41,7 @@ class UnitPlan:
     prefix_key: str  # routing key: hash of the prefix group's shared blocks; "" = no group worth routing
     shared_prefix_len: int = 0  # tokens of the group prefix (prefix_key) that the unit's grouped requests share
     expected_cached_tokens: int = 0  # prompt tokens a warm prefix cache serves (every distinct block once)
+    adapter: str = ""  # the adapter of the group it routes by ("": the base's, or no group)
 
     @property
     def prompt_tokens(self) -> int:

@@ -28,7 +28,7 @@ def preview(ctx: AppContext, source: BinaryIO, config: PlannerConfig, workers: l
     pending: list[PendingRequest] = []
 
     def on_valid(valid: ValidLine) -> None:
-        pending.append(valid.request.to_pending("dry-run"))
+        pending.append(valid.request.to_pending("dry-run", base=model))
 
     named, source = peek_model(source, ctx.settings.max_line_bytes)
     model, served = batch_model(ctx, named), served_models(ctx)

@@ -112,7 +112,7 @@ async function renderDetail(id) {
   renderLinks(b);
   $("d-cancel").hidden = FINAL.includes(b.status) || b.status === "cancelling";
   const groups = await json(`/v1/batches/${encodeURIComponent(id)}/prefix_groups`);
-  $("d-groups").tBodies[0].replaceChildren(...groups.data.map((g) => row([g.prefix_key.slice(0, 16), g.shared_prefix_len,
+  $("d-groups").tBodies[0].replaceChildren(...groups.data.map((g) => row([g.prefix_key.slice(0, 16), g.adapter || "", g.shared_prefix_len,
     bar(g.requests ? g.done / g.requests : 0), `${g.done}/${g.requests}`, pct(g.hit_rate), g.workers.join(", ")])));
   let stats = statsCache[id];
   if (!stats && FINAL.includes(b.status)) {

@@ -76,9 +76,7 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
     if not pending:
         return []
     prepared = _load_prepared(ctx, pending)
-    requests = [prepared[job_id, index].to_pending(job_id, jobs[job_id].priority,
-                                                   jobs[job_id].queued_at or jobs[job_id].created_at,
-                                                   jobs[job_id].cache_scope)
+    requests = [_to_pending(prepared[job_id, index], jobs[job_id])
                 for job_id, indices in pending.items() for index in sorted(indices) if (job_id, index) in prepared]
     plans, queues, models = [], [], []
     config = config or planner_config(ctx)
@@ -102,6 +100,12 @@ def dispatch(ctx: AppContext, live_workers: list[str] | None = None, config: Pla
                 on_units(persisted)
             units += persisted
     return units
+
+
+def _to_pending(request: PreparedRequest, job: Job) -> PendingRequest:
+    """As the planner takes it: the job's priority, queue time and cache scope, and the line's adapter (a line
+    naming a model other than its batch's, the base, names one of the base's adapters)."""
+    return request.to_pending(job.id, job.priority, job.queued_at or job.created_at, job.cache_scope, base=job.model)
 
 
 def _persist_units(session: Session, batch: list[tuple[str, UnitPlan, str, int, str]]) -> list[DispatchedUnit]:
@@ -165,7 +169,8 @@ def _route(plans: list[UnitPlan], model: str, live_workers: list[str], worker_lo
     if worker_loads:
         mine = _serving(model, worker_loads)
         costs = [p.cost for p in plans]
-        queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine)
+        queues = route_units([(p.prefix_key, c) for p, c in zip(plans, costs)], mine,
+                             adapters=[p.adapter for p in plans])
     else:
         queues = [choose_queue(p.prefix_key, live_workers) for p in plans]
     return [model_queue(model) if q == SHARED_QUEUE else q for q in queues]

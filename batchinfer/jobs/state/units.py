@@ -82,7 +82,7 @@ _CLAIMABLE = text("SELECT requests.job_id, requests.index FROM requests JOIN job
 
 def _new_unit(unit_id: str, plan: UnitPlan, queue: str, model: str | None, num_requests: int, now: float) -> WorkUnit:
     return WorkUnit(id=unit_id, status=T.PLAN_UNIT.next_state, queue=queue, prefix_key=plan.prefix_key, model=model,
-                    shared_prefix_len=plan.shared_prefix_len, num_requests=num_requests,
+                    adapter=plan.adapter or None, shared_prefix_len=plan.shared_prefix_len, num_requests=num_requests,
                     input_key=record_store.unit_input(unit_id), created_at=now, dispatched_at=now)
 
 

@@ -12,10 +12,12 @@ from batchinfer.jobs.records import RequestKey, UnitRequest
 
 
 class EngineRequests:
-    def __init__(self, requests: list[UnitRequest], adapters: Mapping[str, LoRARequest] | None = None):
+    def __init__(self, requests: list[UnitRequest], adapters: Mapping[str, LoRARequest] | None = None,
+                 refused: Mapping[str, str] | None = None):
         self.keys: dict[str, RequestKey] = {}  # engine id -> key (with its part)
         self.ids: dict[RequestKey, list[str]] = {}  # a request's key -> the engine ids it runs under
         self.generation: list[GenerationRequest] = []
+        self.refused: list[GenerationResult] = []  # lines of an adapter that could not be had: failed, never run
         for r in requests:
             inputs = (r.request.echo or {}).get("inputs") or [r.request.prompt_token_ids]
             parts = [RequestKey(r.job_id, r.request.index, k) for k in range(len(inputs))] if len(inputs) > 1 else [r.key]
@@ -23,9 +25,12 @@ class EngineRequests:
             for key, ids in zip(parts, inputs):
                 self.keys[key.engine_id] = key
                 # a copy: the engine may set fields (arrival_time) on what it is given
-                self.generation.append(GenerationRequest(key.engine_id, list(ids), replace(r.request.sampling),
-                                                         cache_salt=r.cache_salt,
-                                                         lora_request=(adapters or {}).get(r.request.model)))
+                request = GenerationRequest(key.engine_id, list(ids), replace(r.request.sampling),
+                                            cache_salt=r.cache_salt, lora_request=(adapters or {}).get(r.request.model))
+                if refused and r.request.model in refused:
+                    self.refused.append(GenerationResult.failed(request, refused[r.request.model]))
+                else:
+                    self.generation.append(request)
 
     def key_of(self, result: GenerationResult) -> RequestKey:
         return self.keys[result.request_id]

@@ -6,7 +6,7 @@ conditional UPDATE on work_units lets exactly one run commit, so every request i
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +21,7 @@ from batchinfer.jobs.finalize.finalize import try_finalize
 from batchinfer.jobs.state import units
 from batchinfer.jobs.units import waits as outage
 from batchinfer.jobs.units.chunks import UnitChunks
+from batchinfer.jobs.units.adapter_files import local_adapters
 from batchinfer.jobs.units.engine_requests import EngineRequests
 from batchinfer.jobs.units.generator import Generator
 from batchinfer.jobs.units.progress import OnResult, UnitWatch
@@ -44,12 +45,14 @@ class UnitOutcome:
     unfinished_jobs: frozenset[str] = frozenset()  # jobs its commit's counts show still open: no finalize try
     jobs: frozenset[str] = frozenset()  # every job with a request in the unit (read by its commit)
     given_back: int = 0  # requests the worker's drain stopped, back to pending for another worker
+    adapters: tuple[str, ...] = ()  # the LoRA adapters its lines named, in order (its engine loaded them)
 
 
 Aborts = Callable[[], Collection[str]]
 EngineResult = Callable[[GenerationResult], None]
 Records = dict[RequestKey, UnitResult]
 Adapters = dict[str, LoRARequest]  # the worker's adapters by the model id a line names
+Refused = Mapping[str, str]  # adapters in S3 that could not be fetched: the one-line reason their lines fail with
 
 
 def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
@@ -67,12 +70,13 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
     requests = steps.storage("load its requests", lambda: _load_requests(ctx, unit_id, to_run))
     watch = UnitWatch(ctx, unit_id, attempt, [r for r, _ in requests], ctx.settings.abort_poll_s,
                       ctx.settings.progress_flush_s, drain_at)
-    adapters = ctx.settings.lora_requests()
+    adapters, refused = steps.storage("fetch its adapters", lambda: unit_adapters(ctx.settings, requests))
     if ctx.settings.chunk_s > 0:  # finished requests kept as they finish, not only at the unit's end
         build = RecordBuilder(requests, generator, worker, adapters)
         watch.keep_chunks(UnitChunks(ctx, unit_id, attempt, watch.engine, build))
     with watch.watching(generator):  # live counts; stops a cancelled or expired job's requests
-        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts, adapters)
+        records = _generate(requests, generator, worker, watch.listen(on_result), stopping, watch.aborts, adapters,
+                            refused)
     work_tokens = sum(r.work_tokens for r in records.values())
     kept = watch.chunks.kept if watch.chunks is not None else set()
     rest = {key: rec for key, rec in records.items() if key not in kept}  # what no chunk of this run counted
@@ -80,6 +84,7 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
                                lambda: record_store.store_results(ctx.storage, unit_id, attempt, rest))
     outcome = steps.database("commit", lambda: _commit(ctx, unit_id, result_key, rest, give_back=watch.drained))
     outcome.prefix_key, outcome.work_tokens = prefix_key, work_tokens
+    outcome.adapters = tuple(dict.fromkeys(r.request.model for r, _ in requests if r.request.model in adapters))
     watch.finish(generator)
     if outcome.committed:
         jobs = sorted(({key.job_id for key in to_run} | outcome.jobs) - outcome.unfinished_jobs)
@@ -91,18 +96,24 @@ def run_unit(ctx: AppContext, unit_id: str, generator: Generator, worker: str,
 Running = tuple[UnitRequest, Origin]  # a request of the unit, and where it came from (its output line repeats it)
 
 
+def unit_adapters(settings, requests: list[Running]) -> tuple[Adapters, dict[str, str]]:
+    """The worker's adapters, those the unit's lines name in S3 fetched into the local cache (once per worker)."""
+    return local_adapters(settings.lora_requests(), (r.request.model for r, _ in requests), settings.model_cache,
+                          settings.max_adapter_bytes)
+
+
 def _load_requests(ctx: AppContext, unit_id: str, to_run: dict[RequestKey, Origin]) -> list[Running]:
     return [(entry, to_run[entry.key]) for entry in record_store.read_unit_input(ctx.storage, unit_id, to_run)]
 
 
 def _generate(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
               stopping: Callable[[], bool] = lambda: False, aborts: Aborts | None = None,
-              adapters: Adapters | None = None) -> Records:
+              adapters: Adapters | None = None, refused: Refused | None = None) -> Records:
     """One engine call for the unit. A request the engine refuses fails alone (its result carries the
     error), and a batch that fails anyway is run again one request at a time."""
     records: Records = {}
     try:
-        records.update(_run_batch(requests, generator, worker, on_result, aborts, adapters))
+        records.update(_run_batch(requests, generator, worker, on_result, aborts, adapters, refused))
     except Exception as exc:
         if stopping():
             raise UnitInterrupted(f"worker shutting down: {exc}") from exc
@@ -113,17 +124,22 @@ def _generate(requests: list[Running], generator: Generator, worker: str, on_res
         else:
             log.warning("unit generation failed (%s); running its %d requests one at a time", _cause(exc), len(requests))
             for running in requests:
-                records.update(_generate([running], generator, worker, on_result, stopping, aborts, adapters))
+                records.update(_generate([running], generator, worker, on_result, stopping, aborts, adapters, refused))
     return records
 
 
 def _run_batch(requests: list[Running], generator: Generator, worker: str, on_result: EngineResult | None,
-               aborts: Aborts | None = None, adapters: Adapters | None = None) -> Records:
-    """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them."""
+               aborts: Aborts | None = None, adapters: Adapters | None = None, refused: Refused | None = None) -> Records:
+    """Aborted requests get no record: the watch closed them (cancelled, expired) when it stopped them. Lines of an
+    adapter that could not be fetched fail with its reason, as an engine's refusal."""
     if not requests:
         return {}
-    engine = EngineRequests([r for r, _ in requests], adapters)
-    results = generator.generate(engine.generation, on_result=on_result, aborts=aborts)
+    engine = EngineRequests([r for r, _ in requests], adapters, refused)
+    for failed in engine.refused:
+        if on_result is not None:
+            on_result(failed)
+    results = engine.refused + (generator.generate(engine.generation, on_result=on_result, aborts=aborts)
+                                if engine.generation else [])
     build = RecordBuilder(requests, generator, worker, adapters)
     records: Records = {}
     for key, found in engine.grouped(results):

@@ -64,12 +64,12 @@ def shape_of(estimate: PlanEstimate, units: list[UnitPlan], block_size: int = 16
                     tuple(tuple(len(r.prompt_token_ids) for r in unit.requests for _ in range(r.n)) for unit in units))
 
 
-def _shape(ctx: AppContext, job_id: str, config: PlannerConfig, workers: int) -> RunShape:
+def _shape(ctx: AppContext, job_id: str, config: PlannerConfig, workers: int, base: str = "") -> RunShape:
     key = job_id, workers
     shape = _SHAPES.get(key)
     if shape is None:
         prepared = record_store.read_prepared(ctx.storage, job_id)
-        pending = [prepared[i].to_pending(job_id) for i in sorted(prepared)]
+        pending = [prepared[i].to_pending(job_id, base=base) for i in sorted(prepared)]
         units = plan_units(pending, sized_for(config, len(pending), workers))  # the units dispatch would cut
         shape = _SHAPES[key] = shape_of(estimate_plan(pending, config), units, config.block_size)
         while len(_SHAPES) > _MAX_SHAPES:
@@ -88,7 +88,7 @@ def batch_with_eta(ctx: AppContext, job: Job, config: PlannerConfig, workers: in
     if not waiting or job.completed or job.failed > (job.invalid or 0) or getattr(job, "waiting_for", None):
         return batch
     try:
-        shape = _shape(ctx, job.id, config, workers)
+        shape = _shape(ctx, job.id, config, workers, job.model)
     except FileNotFoundError:  # a batch with nothing prepared (nothing to run)
         return batch
     except Exception as exc:  # storage down (jobs.outage): the ETA is a nicety, the status must still answer

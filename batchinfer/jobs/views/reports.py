@@ -19,6 +19,7 @@ class UnitFigures:
     shared_prefix_len: int
     status: str
     worker: str | None
+    adapter: str | None  # its prefix group's LoRA adapter; None: the base's (or no group)
     requests: int  # of this job
     done: int
     prompt_tokens: int = 0
@@ -33,6 +34,7 @@ class UnitFigures:
 class GroupFigures:
     prefix_key: str
     shared_prefix_len: int
+    adapter: str | None = None  # the LoRA adapter its lines name; None: the base
     units: int = 0
     units_done: int = 0
     requests: int = 0
@@ -54,7 +56,8 @@ def unit_figures(ctx: AppContext, job_id: str) -> list[UnitFigures]:
     stored on the request rows at commit, summed in SQL). One grouped query: a job of a busy system spans
     hundreds of units, and `status` asks this on every poll."""
     finished = Request.status.in_((RequestStatus.COMPLETED, RequestStatus.FAILED))
-    unit = (Request.unit_id, WorkUnit.prefix_key, WorkUnit.shared_prefix_len, WorkUnit.status, WorkUnit.worker)
+    unit = (Request.unit_id, WorkUnit.prefix_key, WorkUnit.shared_prefix_len, WorkUnit.status, WorkUnit.worker,
+            WorkUnit.adapter)
     query = (select(*unit, func.count(), func.sum(case((finished, 1), else_=0)),
                     func.sum(case((finished, Request.prompt_tokens), else_=0)),
                     func.sum(case((finished, Request.cached_tokens), else_=0)))
@@ -62,14 +65,14 @@ def unit_figures(ctx: AppContext, job_id: str) -> list[UnitFigures]:
              .group_by(*unit))
     with ctx.sessions() as session:
         rows = sorted(session.execute(query).all(), key=lambda row: row[0])  # Python's order, not the collation's
-    return [UnitFigures(*row[:5], *(int(n or 0) for n in row[5:])) for row in rows]
+    return [UnitFigures(*row[:6], *(int(n or 0) for n in row[6:])) for row in rows]
 
 
 def group_figures(units: list[UnitFigures]) -> list[GroupFigures]:
     groups: dict[str, GroupFigures] = {}
     for u in units:
         key = u.prefix_key or NO_GROUP
-        g = groups.setdefault(key, GroupFigures(key, u.shared_prefix_len))
+        g = groups.setdefault(key, GroupFigures(key, u.shared_prefix_len, u.adapter if u.prefix_key else None))
         g.units += 1
         g.units_done += u.status == UnitStatus.DONE
         g.requests += u.requests

@@ -75,7 +75,7 @@ class RunUnit:
         finally:
             if self.agent is not None:
                 self.agent.unit_finished(outcome.prefix_key if outcome else "", outcome.work_tokens if outcome else 0,
-                                         time.time() - started)
+                                         time.time() - started, outcome.adapters if outcome else ())
 
     def _leave_release(self, released: UnitReleased) -> None:
         """The database could not take the release: the broker keeps it until the sweep can write it."""
