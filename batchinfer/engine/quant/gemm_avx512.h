@@ -147,13 +147,33 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
     for (int r = 0; r < R; r++) store_row(y + (m0 + r) * ldy, acc[r], ncols);
 }
 
-// Tiles of 6 rows, the rest in tiles of 4, 2 and 1 (fewer copies of panel_rows to compile than one per count).
-INL void panel_vnni(const int t, const act_t *A, int64_t M, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
-    int64_t m = 0;
-    for (; m + MAX_ROWS <= M; m += MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, y, ldy, ncols);
-    if (M - m >= 4) panel_rows(t, 4, A, m, panel, y, ldy, ncols), m += 4;
-    if (M - m >= 2) panel_rows(t, 2, A, m, panel, y, ldy, ncols), m += 2;
-    if (M - m == 1) panel_rows(t, 1, A, m, panel, y, ldy, ncols);
+// Panels p0..p1 of w over all M rows, in tiles of 6 rows (the rest in tiles of 4, 2 and 1: fewer copies of
+// panel_rows to compile than one per count). Tile by tile across the panels: a tile's activations are read by
+// every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile. Panel by
+// panel instead, each panel streamed all M rows' activations from L3 once M x K passed L2 (a prefill's down_proj).
+INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
+                     float *y, int64_t ldy) {
+    const int64_t bytes = (A->K / QT[t].sb) * layout_of(t).record_bytes;
+    for (int64_t m = 0; m < M;) {
+        const int R = M - m >= MAX_ROWS ? MAX_ROWS : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+        for (int64_t p = p0; p < p1; p++) {
+            const int ncols = (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL);
+            const uint8_t *panel = w + p * bytes;
+            float *out = y + p * PANEL;
+            if (R == MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, out, ldy, ncols);
+            else if (R == 4) panel_rows(t, 4, A, m, panel, out, ldy, ncols);
+            else if (R == 2) panel_rows(t, 2, A, m, panel, out, ldy, ncols);
+            else panel_rows(t, 1, A, m, panel, out, ldy, ncols);
+        }
+        m += R;
+    }
+}
+
+// Panels a range takes: weights of about half the L2, and ranges a multiple of the threads (static schedule).
+static inline int64_t panels_per_range(int64_t panel_bytes, int64_t panels, int threads) {
+    const int64_t fit = (512 << 10) / panel_bytes > 0 ? (512 << 10) / panel_bytes : 1;
+    const int64_t ranges = ((panels + fit - 1) / fit + threads - 1) / threads * threads;
+    return (panels + ranges - 1) / ranges;
 }
 
 #pragma GCC pop_options

@@ -7,9 +7,10 @@
 #define VNNI_TYPE(T) \
     static void gemm_vnni_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
         const int64_t panels = (N + PANEL - 1) / PANEL, bytes = (A->K / QT[T].sb) * layout_of(T).record_bytes;               \
+        const int64_t per = panels_per_range(bytes, panels, threads), ranges = (panels + per - 1) / per;                    \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                                                  \
-        for (int64_t p = 0; p < panels; p++)                                                                               \
-            panel_vnni(T, A, M, w + p * bytes, y + p * PANEL, ldy, (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL)); \
+        for (int64_t r = 0; r < ranges; r++)                                                                               \
+            panels_vnni(T, A, M, w, r * per, (r + 1) * per < panels ? (r + 1) * per : panels, N, y, ldy);                 \
     }
 VNNI_TYPE(Q4_0) VNNI_TYPE(Q4_1) VNNI_TYPE(Q5_0) VNNI_TYPE(Q5_1) VNNI_TYPE(Q8_0)
 VNNI_TYPE(Q2_K) VNNI_TYPE(Q3_K) VNNI_TYPE(Q4_K) VNNI_TYPE(Q5_K) VNNI_TYPE(Q6_K)
