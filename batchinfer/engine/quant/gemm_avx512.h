@@ -2,6 +2,7 @@
 // A group's codes are decoded once into its VNNI vectors and reused by every row of the tile; vpdpbusd takes
 // u8 codes times s8 activations broadcast 4 at a time. The float steps are gemm_ref.h's, lane by lane.
 #pragma once
+#include <stdlib.h>
 #include "gemm_ref.h"
 
 #pragma GCC push_options
@@ -135,8 +136,28 @@ INL void store_row(float *y, __m512 acc, int ncols) {
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << ncols) - 1), acc);
 }
 
-// Rows m0..m0+R of one panel (its records from `panel`), into y (ldy apart), ncols of its 16 channels.
-INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, float *y, int64_t ldy, int ncols) {
+// A record decoded for the row tiles: its groups' VNNI vectors, then (K-quants) each group's scales as int32
+// lanes and the pairs of group_pairs. Vectors a record takes:
+INL int decoded_vecs(const int t) {
+    const layout_t L = layout_of(t);
+    return L.groups * L.vecs + (QT[t].kquant ? L.groups + L.groups / 2 : 0);
+}
+
+INL void decode_panel(const int t, const uint8_t *panel, int64_t nsb, __m512i *out) {
+    const layout_t L = layout_of(t);
+    for (int64_t s = 0; s < nsb; s++, out += decoded_vecs(t)) {
+        const uint8_t *rec = panel + s * L.record_bytes;
+        for (int g = 0; g < L.groups; g++) decode_group(t, rec + L.off_codes + g * L.group_bytes, out + g * L.vecs);
+        if (!QT[t].kquant) continue;
+        for (int g = 0; g < L.groups; g++) out[L.groups * L.vecs + g] = group_scales(t, rec, g);
+        group_pairs(t, rec, out + L.groups * L.vecs + L.groups);
+    }
+}
+
+// Rows m0..m0+R of one panel (its records from `panel`), into y (ldy apart), ncols of its 16 channels. `dec`:
+// the panel decoded (decode_panel), or NULL to decode each group here (a call of one tile).
+INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, const __m512i *dec,
+                    float *y, int64_t ldy, int ncols) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     const int64_t K = A->K, nsb = K / q.sb;
@@ -144,12 +165,14 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *rec = panel + s * L.record_bytes;
+        const __m512i *d = dec ? dec + s * decoded_vecs(t) : NULL;
         __m512i isb[MAX_ROWS];
         for (int r = 0; r < R; r++) isb[r] = _mm512_setzero_si512();
         for (int g = 0; g < L.groups; g++) {
-            __m512i v[8];
-            decode_group(t, rec + L.off_codes + g * L.group_bytes, v);
-            const __m512i sc = q.kquant ? group_scales(t, rec, g) : _mm512_setzero_si512();
+            __m512i own[8];
+            const __m512i *v = d ? d + g * L.vecs : own;
+            if (!d) decode_group(t, rec + L.off_codes + g * L.group_bytes, own);
+            const __m512i sc = !q.kquant ? _mm512_setzero_si512() : d ? d[L.groups * L.vecs + g] : group_scales(t, rec, g);
             const block_scales_t bs = q.kquant ? (block_scales_t){} : block_scales(t, rec);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = A->q + (m0 + r) * K + s * q.sb + g * q.g;
@@ -158,8 +181,9 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
             }
         }
         if (q.kquant) {
-            __m512i pairs[8];
-            group_pairs(t, rec, pairs);
+            __m512i own[8];
+            const __m512i *pairs = d ? d + L.groups * L.vecs + L.groups : own;
+            if (!d) group_pairs(t, rec, own);
             for (int r = 0; r < R; r++)
                 acc[r] = superblock_step(t, isb[r], offset_sum(t, pairs, A, m0 + r, s), 0, rec, A, m0 + r, s, acc[r]);
         }
@@ -169,29 +193,56 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
 
 // Panels p0..p1 of w over all M rows, in tiles of 6 rows (the rest in tiles of 4, 2 and 1: fewer copies of
 // panel_rows to compile than one per count). Tile by tile across the panels: a tile's activations are read by
-// every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile. Panel by
-// panel instead, each panel streamed all M rows' activations from L3 once M x K passed L2 (a prefill's down_proj).
-INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
-                     float *y, int64_t ldy) {
+// every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile.
+INL void row_tiles(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
+                   const __m512i *dec, float *y, int64_t ldy) {
     const int64_t bytes = (A->K / QT[t].sb) * layout_of(t).record_bytes;
+    const int64_t nvec = (A->K / QT[t].sb) * decoded_vecs(t);
     for (int64_t m = 0; m < M;) {
         const int R = M - m >= MAX_ROWS ? MAX_ROWS : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
         for (int64_t p = p0; p < p1; p++) {
             const int ncols = (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL);
             const uint8_t *panel = w + p * bytes;
+            const __m512i *pd = dec ? dec + (p - p0) * nvec : NULL;
             float *out = y + p * PANEL;
-            if (R == MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, out, ldy, ncols);
-            else if (R == 4) panel_rows(t, 4, A, m, panel, out, ldy, ncols);
-            else if (R == 2) panel_rows(t, 2, A, m, panel, out, ldy, ncols);
-            else panel_rows(t, 1, A, m, panel, out, ldy, ncols);
+            if (R == MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, pd, out, ldy, ncols);
+            else if (R == 4) panel_rows(t, 4, A, m, panel, pd, out, ldy, ncols);
+            else if (R == 2) panel_rows(t, 2, A, m, panel, pd, out, ldy, ncols);
+            else panel_rows(t, 1, A, m, panel, pd, out, ldy, ncols);
         }
         m += R;
     }
 }
 
-// Panels a range takes: weights of about half the L2, and ranges a multiple of the threads (static schedule).
-static inline int64_t panels_per_range(int64_t panel_bytes, int64_t panels, int threads) {
-    const int64_t fit = (512 << 10) / panel_bytes > 0 ? (512 << 10) / panel_bytes : 1;
+// A thread's scratch for decoded panels, kept between calls (OpenMP's threads live on).
+static __m512i *scratch(int64_t vecs) {
+    static __thread __m512i *buf;
+    static __thread int64_t cap;
+    if (vecs > cap) {
+        free(buf);
+        buf = aligned_alloc(64, (size_t)vecs * 64);
+        cap = buf ? vecs : 0;
+    }
+    return buf;
+}
+
+// Over more than one tile of rows, each panel of the range is decoded once for all tiles (decoding per tile
+// cost a K-quant's group as much as a tile's dot products); one tile decodes as it goes.
+INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
+                     float *y, int64_t ldy) {
+    const int64_t nsb = A->K / QT[t].sb, nvec = nsb * decoded_vecs(t);
+    __m512i *dec = M >= 4 * MAX_ROWS ? scratch((p1 - p0) * nvec) : NULL;
+    if (!dec) {
+        row_tiles(t, A, M, w, p0, p1, N, NULL, y, ldy);
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * nsb * layout_of(t).record_bytes, nsb, dec + (p - p0) * nvec);
+    row_tiles(t, A, M, w, p0, p1, N, dec, y, ldy);
+}
+
+// Panels a range takes: about 1 MiB decoded (half the L2), and ranges a multiple of the threads (static schedule).
+static inline int64_t panels_per_range(int64_t decoded_bytes, int64_t panels, int threads) {
+    const int64_t fit = (1 << 20) / decoded_bytes > 0 ? (1 << 20) / decoded_bytes : 1;
     const int64_t ranges = ((panels + fit - 1) / fit + threads - 1) / threads * threads;
     return (panels + ranges - 1) / ranges;
 }
