@@ -19,7 +19,7 @@ def write_tokenizer(g: GGUFFile, folder: Path) -> None:
     architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(g.path))
     tokenizer, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
     _special_tokens_around(tokenizer, tokenizer_config)
-    tokenizer.save(str(folder / "tokenizer.json"))
+    tokenizer.save(str(folder / "tokenizer.json"), pretty=False)  # 1.6 MB, not 3.5: the cache stays within the file
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | extra, indent=1))
 
 
