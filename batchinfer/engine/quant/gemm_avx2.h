@@ -158,8 +158,8 @@ AVX2_TYPE(Q4_0) AVX2_TYPE(Q4_1) AVX2_TYPE(Q5_0) AVX2_TYPE(Q5_1) AVX2_TYPE(Q8_0)
 AVX2_TYPE(Q2_K) AVX2_TYPE(Q3_K) AVX2_TYPE(Q4_K) AVX2_TYPE(Q5_K) AVX2_TYPE(Q6_K)
 
 static const gemm_fn GEMM_AVX2[NTYPES] = {
-    BUILT(Q4_0, gemm_avx2_Q4_0), BUILT(Q4_1, gemm_avx2_Q4_1), BUILT(Q5_0, gemm_avx2_Q5_0),
-    BUILT(Q5_1, gemm_avx2_Q5_1), BUILT(Q8_0, gemm_avx2_Q8_0), BUILT(Q2_K, gemm_avx2_Q2_K),
-    BUILT(Q3_K, gemm_avx2_Q3_K), BUILT(Q4_K, gemm_avx2_Q4_K), BUILT(Q5_K, gemm_avx2_Q5_K),
-    BUILT(Q6_K, gemm_avx2_Q6_K)
+    BUILT_ON(1, Q4_0, gemm_avx2_Q4_0), BUILT_ON(1, Q4_1, gemm_avx2_Q4_1), BUILT_ON(1, Q5_0, gemm_avx2_Q5_0),
+    BUILT_ON(1, Q5_1, gemm_avx2_Q5_1), BUILT_ON(1, Q8_0, gemm_avx2_Q8_0), BUILT_ON(1, Q2_K, gemm_avx2_Q2_K),
+    BUILT_ON(1, Q3_K, gemm_avx2_Q3_K), BUILT_ON(1, Q4_K, gemm_avx2_Q4_K), BUILT_ON(1, Q5_K, gemm_avx2_Q5_K),
+    BUILT_ON(1, Q6_K, gemm_avx2_Q6_K)
 };

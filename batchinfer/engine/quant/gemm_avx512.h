@@ -191,27 +191,15 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
     for (int r = 0; r < R; r++) store_row(y + (m0 + r) * ldy, acc[r], ncols);
 }
 
-// Panels p0..p1 of w over all M rows, in tiles of 6 rows (the rest in tiles of 4, 2 and 1: fewer copies of
-// panel_rows to compile than one per count). Tile by tile across the panels: a tile's activations are read by
+// Rows m0..m1 of panels p0..p1 in tiles of R, tile by tile across the panels: a tile's activations are read by
 // every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile.
-INL void row_tiles(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
-                   const __m512i *dec, float *y, int64_t ldy) {
-    const int64_t bytes = (A->K / QT[t].sb) * layout_of(t).record_bytes;
-    const int64_t nvec = (A->K / QT[t].sb) * decoded_vecs(t);
-    for (int64_t m = 0; m < M;) {
-        const int R = M - m >= MAX_ROWS ? MAX_ROWS : M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
-        for (int64_t p = p0; p < p1; p++) {
-            const int ncols = (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL);
-            const uint8_t *panel = w + p * bytes;
-            const __m512i *pd = dec ? dec + (p - p0) * nvec : NULL;
-            float *out = y + p * PANEL;
-            if (R == MAX_ROWS) panel_rows(t, MAX_ROWS, A, m, panel, pd, out, ldy, ncols);
-            else if (R == 4) panel_rows(t, 4, A, m, panel, pd, out, ldy, ncols);
-            else if (R == 2) panel_rows(t, 2, A, m, panel, pd, out, ldy, ncols);
-            else panel_rows(t, 1, A, m, panel, pd, out, ldy, ncols);
-        }
-        m += R;
-    }
+INL void row_tiles(const int t, const int R, const act_t *A, int64_t m0, int64_t m1, const uint8_t *w, int64_t p0,
+                   int64_t p1, int64_t N, const __m512i *dec, float *y, int64_t ldy) {
+    const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
+    for (int64_t m = m0; m + R <= m1; m += R)
+        for (int64_t p = p0; p < p1; p++)
+            panel_rows(t, R, A, m, w + p * bytes, dec ? dec + (p - p0) * nvec : NULL, y + p * PANEL, ldy,
+                       (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL));
 }
 
 // A thread's scratch for decoded panels, kept between calls (OpenMP's threads live on).
@@ -226,18 +214,23 @@ static __m512i *scratch(int64_t vecs) {
     return buf;
 }
 
-// Over more than one tile of rows, each panel of the range is decoded once for all tiles (decoding per tile
-// cost a K-quant's group as much as a tile's dot products); one tile decodes as it goes.
+// Panels p0..p1 of w over all M rows, in tiles of 6 rows and the rest in tiles of 4, 2 and 1 (fewer copies of
+// panel_rows to compile than one per count). From 4 tiles, each panel of the range is decoded once for all of
+// them (decoding per tile cost a K-quant's group as much as a tile's dot products); fewer decode as they go.
 INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
                      float *y, int64_t ldy) {
-    const int64_t nsb = A->K / QT[t].sb, nvec = nsb * decoded_vecs(t);
-    __m512i *dec = M >= 4 * MAX_ROWS ? scratch((p1 - p0) * nvec) : NULL;
-    if (!dec) {
-        row_tiles(t, A, M, w, p0, p1, N, NULL, y, ldy);
-        return;
+    const int64_t nsb = A->K / QT[t].sb, nvec = nsb * decoded_vecs(t), full = M / MAX_ROWS * MAX_ROWS;
+    __m512i *dec = full >= 4 * MAX_ROWS ? scratch((p1 - p0) * nvec) : NULL;
+    if (dec) {
+        for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * nsb * layout_of(t).record_bytes, nsb, dec + (p - p0) * nvec);
+        row_tiles(t, MAX_ROWS, A, 0, full, w, p0, p1, N, dec, y, ldy);
+    } else {
+        row_tiles(t, MAX_ROWS, A, 0, full, w, p0, p1, N, NULL, y, ldy);
     }
-    for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * nsb * layout_of(t).record_bytes, nsb, dec + (p - p0) * nvec);
-    row_tiles(t, A, M, w, p0, p1, N, dec, y, ldy);
+    int64_t m = full;
+    if (M - m >= 4) row_tiles(t, 4, A, m, m + 4, w, p0, p1, N, NULL, y, ldy), m += 4;
+    if (M - m >= 2) row_tiles(t, 2, A, m, m + 2, w, p0, p1, N, NULL, y, ldy), m += 2;
+    if (M - m == 1) row_tiles(t, 1, A, m, m + 1, w, p0, p1, N, NULL, y, ldy);
 }
 
 // Panels a range takes: about 1 MiB decoded (half the L2), and ranges a multiple of the threads (static schedule).

@@ -61,11 +61,20 @@ def best_path(lib: ctypes.CDLL) -> int:
 _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
 
 
+def cpu_paths() -> int:
+    """The vector paths this CPU takes, as QK_PATHS bits (qtypes.h): AVX2 alone, or VNNI and AMX where it has them."""
+    flags = cpu_flags()
+    if not all(f in flags for f in VNNI_FLAGS):
+        return 1
+    return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0)
+
+
 def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
     """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it. `types`:
-    only these block types' GEMMs (a model's own: its first load compiles about a third of the whole kernel)."""
+    a model's own block types' GEMMs, on this CPU's paths only (a first load compiles about a fifth of the whole
+    kernel); without, every type and path (tests compare the paths)."""
     mask = sum(1 << TYPES[t] for t in types) if types else 0
-    extra = ("-ffp-contract=off", *((f"-DQK_TYPES={mask}",) if mask else ()))
+    extra = ("-ffp-contract=off", *((f"-DQK_TYPES={mask}", f"-DQK_PATHS={cpu_paths()}") if mask else ()))
     return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=extra, units=UNITS)
 
 

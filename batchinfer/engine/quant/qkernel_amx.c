@@ -37,10 +37,10 @@ AMX_TYPE(Q4_0) AMX_TYPE(Q4_1) AMX_TYPE(Q5_0) AMX_TYPE(Q5_1) AMX_TYPE(Q8_0)
 AMX_TYPE(Q2_K) AMX_TYPE(Q3_K) AMX_TYPE(Q4_K) AMX_TYPE(Q5_K) AMX_TYPE(Q6_K)
 
 const gemm_fn GEMM_AMX[NTYPES] = {
-    BUILT(Q4_0, gemm_amx_Q4_0), BUILT(Q4_1, gemm_amx_Q4_1), BUILT(Q5_0, gemm_amx_Q5_0),
-    BUILT(Q5_1, gemm_amx_Q5_1), BUILT(Q8_0, gemm_amx_Q8_0), BUILT(Q2_K, gemm_amx_Q2_K),
-    BUILT(Q3_K, gemm_amx_Q3_K), BUILT(Q4_K, gemm_amx_Q4_K), BUILT(Q5_K, gemm_amx_Q5_K),
-    BUILT(Q6_K, gemm_amx_Q6_K)
+    BUILT_ON(3, Q4_0, gemm_amx_Q4_0), BUILT_ON(3, Q4_1, gemm_amx_Q4_1), BUILT_ON(3, Q5_0, gemm_amx_Q5_0),
+    BUILT_ON(3, Q5_1, gemm_amx_Q5_1), BUILT_ON(3, Q8_0, gemm_amx_Q8_0), BUILT_ON(3, Q2_K, gemm_amx_Q2_K),
+    BUILT_ON(3, Q3_K, gemm_amx_Q3_K), BUILT_ON(3, Q4_K, gemm_amx_Q4_K), BUILT_ON(3, Q5_K, gemm_amx_Q5_K),
+    BUILT_ON(3, Q6_K, gemm_amx_Q6_K)
 };
 
 #pragma GCC pop_options

@@ -16,10 +16,10 @@ VNNI_TYPE(Q4_0) VNNI_TYPE(Q4_1) VNNI_TYPE(Q5_0) VNNI_TYPE(Q5_1) VNNI_TYPE(Q8_0)
 VNNI_TYPE(Q2_K) VNNI_TYPE(Q3_K) VNNI_TYPE(Q4_K) VNNI_TYPE(Q5_K) VNNI_TYPE(Q6_K)
 
 const gemm_fn GEMM_VNNI[NTYPES] = {
-    BUILT(Q4_0, gemm_vnni_Q4_0), BUILT(Q4_1, gemm_vnni_Q4_1), BUILT(Q5_0, gemm_vnni_Q5_0),
-    BUILT(Q5_1, gemm_vnni_Q5_1), BUILT(Q8_0, gemm_vnni_Q8_0), BUILT(Q2_K, gemm_vnni_Q2_K),
-    BUILT(Q3_K, gemm_vnni_Q3_K), BUILT(Q4_K, gemm_vnni_Q4_K), BUILT(Q5_K, gemm_vnni_Q5_K),
-    BUILT(Q6_K, gemm_vnni_Q6_K)
+    BUILT_ON(2, Q4_0, gemm_vnni_Q4_0), BUILT_ON(2, Q4_1, gemm_vnni_Q4_1), BUILT_ON(2, Q5_0, gemm_vnni_Q5_0),
+    BUILT_ON(2, Q5_1, gemm_vnni_Q5_1), BUILT_ON(2, Q8_0, gemm_vnni_Q8_0), BUILT_ON(2, Q2_K, gemm_vnni_Q2_K),
+    BUILT_ON(2, Q3_K, gemm_vnni_Q3_K), BUILT_ON(2, Q4_K, gemm_vnni_Q4_K), BUILT_ON(2, Q5_K, gemm_vnni_Q5_K),
+    BUILT_ON(2, Q6_K, gemm_vnni_Q6_K)
 };
 
 #pragma GCC pop_options

@@ -1,0 +1,90 @@
+"""The integer kernel's GEMM alone, on the 1B-class model's projection shapes: G multiply-adds/s per block type and
+row count, with the CPU's fastest path and 2 threads. Given two built kernel libraries (`--so A --so B`, e.g. one
+built from a stash of the change), it times both alternately in one process, best of 5 rounds each, checks that
+they give the same bits, and prints B's speed over A's: a VM whose speed drifts by 20% between minutes still
+compares them fairly.
+
+    python -m benchmarks.qkernel_gemm                                       # this tree's kernel
+    python -m benchmarks.qkernel_gemm --so before/qkernel-X.so --so after/qkernel-Y.so --rows 16,620
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from batchinfer.engine.quant import kernel as qkernel
+from batchinfer.engine.quant.kernel import BLOCK_BYTES, SUPER
+from batchinfer.engine.quant.packed import PackedWeight, packed_size, repack
+
+# (block type, N, K): qkv and gate_up at hidden 2048, down_proj at ffn 8192, Q6_K and Q8_0 at down's shape
+SHAPES = [("Q4_K", 3072, 2048), ("Q4_K", 16384, 2048), ("Q4_K", 2048, 8192), ("Q6_K", 2048, 8192),
+          ("Q8_0", 2048, 8192)]
+FP16_SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # where each type keeps its fp16 d (and dmin)
+
+
+def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF blocks with sane fp16 scales (random bytes there could be inf or NaN)."""
+    rng = np.random.default_rng(seed)
+    nb = k // SUPER[qtype]
+    raw = rng.integers(0, 256, size=(n, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    for off in FP16_SCALES[qtype]:
+        raw[..., off:off + 2] = rng.uniform(1e-3, 2e-2, size=(n, nb)).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
+    return raw.reshape(n, nb * BLOCK_BYTES[qtype])
+
+
+def kernel_from(so: str | None) -> qkernel.Kernel:
+    if so is None:
+        return qkernel.load_kernel(tempfile.mkdtemp(prefix="qkernel-bench-"))
+    built: Future = Future()
+    built.set_result(so)
+    qkernel.start_build = lambda *a, **k: built  # load_kernel's ctypes set-up, on this file
+    return qkernel.load_kernel.__wrapped__(so)
+
+
+def packed(kernel: qkernel.Kernel, qtype: str, raw: np.ndarray, n: int, k: int) -> PackedWeight:
+    out = np.zeros(packed_size(kernel, qtype, n, k), dtype=np.uint8)
+    repack(kernel, qtype, raw, n, k, out)
+    return PackedWeight(qtype, n, k, out, kernel)
+
+
+def best_seconds(weights: list[PackedWeight], x: torch.Tensor, reps: int, rounds: int = 5) -> list[float]:
+    best = [float("inf")] * len(weights)
+    for _ in range(rounds):
+        for i, w in enumerate(weights):
+            start = time.perf_counter()
+            for _ in range(reps):
+                w(x)
+            best[i] = min(best[i], (time.perf_counter() - start) / reps)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--so", action="append", help="a built kernel library (twice: compare them)")
+    parser.add_argument("--rows", default="1,16,620")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    kernels = [kernel_from(so) for so in (args.so or [None])]
+    print(f"path: {kernels[0].name}")
+    for qtype, n, k in SHAPES:
+        raw = random_blocks(qtype, n, k)
+        weights = [packed(kern, qtype, raw, n, k) for kern in kernels]
+        cells = []
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+            outs = [w(x) for w in weights]
+            if any(not torch.equal(outs[0], o) for o in outs[1:]):
+                raise SystemExit(f"{qtype} {n}x{k} at {rows} rows: the kernels' outputs differ")
+            best = best_seconds(weights, x, reps=max(2, int(1e9 / (rows * n * k))))
+            speeds = " vs ".join(f"{rows * n * k / s / 1e9:.0f}" for s in best)
+            cells.append(f"{rows} rows {speeds} G" + (f" ({best[0] / best[1]:.2f}x)" if len(best) == 2 else ""))
+        print(f"{qtype} {n}x{k}: " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
