@@ -2,6 +2,7 @@
 from the file's metadata alone. Torch-free: validation and planning (the CLI, the API) read only these."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -31,8 +32,17 @@ def small_files(path: str | Path, cache_dir: str | Path) -> Path:
 
 
 def write_small_files(g: GGUFFile, config: dict, folder: Path) -> None:
-    """config.json and the tokenizer's files, written beside and renamed into place (concurrent loads are safe)."""
+    """config.json and the tokenizer's files, written beside and renamed into place, by one process at a time: on a
+    first run the CLI (validation) and its engine process both need them, and each converting the tokenizer
+    (transformers' import, ~2.7 CPU s) beside the other and gcc cost the run seconds."""
     folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        if not (folder / "config.json").exists():  # else the other process wrote them while this one waited
+            _write(g, config, folder)
+
+
+def _write(g: GGUFFile, config: dict, folder: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
