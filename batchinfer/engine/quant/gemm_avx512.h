@@ -35,15 +35,20 @@ INL void decode_group(const int t, const uint8_t *codes, __m512i *v) {
     }
 }
 
-// Two chains of vpdpbusd (even and odd vectors): one chain of 8 waits on its 5-cycle latency, two fill the ports.
-INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
-    __m512i d[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    for (int j = 0; j < vecs; j++) {
+// Vectors j0..j1 of a group's codes against the row's activations, 4 at a time broadcast: one dependency chain.
+INL __m512i dot_chain(const __m512i *v, const int8_t *x, int j0, int j1) {
+    __m512i d = _mm512_setzero_si512();
+    for (int j = j0; j < j1; j++) {
         int32_t four;
         memcpy(&four, x + 4 * j, 4);
-        d[j & 1] = _mm512_dpbusd_epi32(d[j & 1], v[j], _mm512_set1_epi32(four));
+        d = _mm512_dpbusd_epi32(d, v[j], _mm512_set1_epi32(four));
     }
-    return _mm512_add_epi32(d[0], d[1]);
+    return d;
+}
+
+// In two chains: one chain of 8 waits on vpdpbusd's 5-cycle latency, two fill the ports.
+INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
+    return _mm512_add_epi32(dot_chain(v, x, 0, vecs / 2), dot_chain(v, x, vecs / 2, vecs));
 }
 
 // K-quants: isb + sc * (the group's dot). Where chunks of two or more vectors have sums that fit int16 (|q| <=
@@ -54,15 +59,8 @@ INL __m512i scaled_dot(const int t, const __m512i *v, const int8_t *x, __m512i s
     const int vecs = layout_of(t).vecs, chunk = 32767 / (4 * ((1 << QT[t].bits) - 1) * 128);
     if (chunk < 2) return _mm512_add_epi32(isb, _mm512_mullo_epi32(group_dot(vecs, v, x), sc));
     const __m512i sc16 = _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF));
-    for (int j0 = 0; j0 < vecs; j0 += chunk) {
-        __m512i d = _mm512_setzero_si512();
-        for (int j = j0; j < j0 + chunk && j < vecs; j++) {
-            int32_t four;
-            memcpy(&four, x + 4 * j, 4);
-            d = _mm512_dpbusd_epi32(d, v[j], _mm512_set1_epi32(four));
-        }
-        isb = _mm512_dpwssd_epi32(isb, d, sc16);
-    }
+    for (int j0 = 0; j0 < vecs; j0 += chunk)
+        isb = _mm512_dpwssd_epi32(isb, dot_chain(v, x, j0, j0 + chunk < vecs ? j0 + chunk : vecs), sc16);
     return isb;
 }
 
