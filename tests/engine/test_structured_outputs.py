@@ -112,3 +112,18 @@ def test_a_schema_over_the_budget_that_skipped_validation_is_refused_at_once(eng
     bad, good = engine.generate([deep_request, GenerationRequest("good", prompt, SamplingParams(max_tokens=4,
                                                                                                  temperature=0))])
     assert bad.finish_reason == "error" and good.ok
+
+
+def test_the_engine_keeps_a_bounded_number_of_compiled_grammars(engine, monkeypatch):
+    """Distinct schemas past GRAMMARS_KEPT drop the least recently used grammar; the newest still runs."""
+    from batchinfer.engine.sampling import grammar
+
+    monkeypatch.setattr(grammar, "GRAMMARS_KEPT", 3)
+    prompt = _prompt(engine, "flags", TEXTS[0])
+    for i in range(5):
+        engine.generate([GenerationRequest(f"c{i}", prompt, SamplingParams(
+            max_tokens=4, temperature=0, guided=("choice", json.dumps([f"yes{i}", f"no{i}"]))))])
+    assert engine.grammar.kept() == 3
+    [out] = engine.generate([GenerationRequest("again", prompt, SamplingParams(
+        max_tokens=4, temperature=0, guided=("choice", json.dumps(["yes0", "no0"]))))])
+    assert out.text in ("yes0", "no0")

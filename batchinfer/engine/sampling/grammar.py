@@ -7,6 +7,8 @@ request has its own matcher; its token bitmask is filled and applied to its logi
 are allowed only where the grammar can end."""
 from __future__ import annotations
 
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +18,14 @@ from .grammar_check import COMPACT_SEPARATORS, choice_ebnf
 from .grammar_deadline import compile_error, constraint_key, within_deadline
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "tool_calls")
+# compiled grammars (and refusals) an engine keeps, least recently used dropped first: a stream of distinct
+# schemas cannot grow its memory without bound (a live matcher keeps its own grammar)
+GRAMMARS_KEPT = 256
+
+
+@dataclass(frozen=True)
+class _Refused:
+    reason: str
 
 
 def _compiled_by(compiler: Any, kind: str, spec: str) -> Any:
@@ -37,8 +47,9 @@ class GrammarRunner:
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._stop_token_ids, self._token_bytes = stop_token_ids, token_bytes
         self._compiler: Any = None
-        self._compiled: dict[str, Any] = {}  # by constraint_key: a schema compiles once per engine
-        self._refused: dict[str, str] = {}  # and one refused is refused at once after (a slow compile is not redone)
+        # by constraint_key: a schema compiles once, and one refused is refused at once after (a slow compile is
+        # not redone)
+        self._grammars: OrderedDict[str, Any] = OrderedDict()
         self._matchers: dict[str, Any] = {}
 
     def add(self, request_id: str, constraint: tuple[str, str] | None) -> None:
@@ -79,17 +90,26 @@ class GrammarRunner:
         """The compiled grammar, once per engine; a constraint over the budget (one that skipped validation) or a
         compile past its deadline raises, which refuses the request alone."""
         key = constraint_key(*constraint)
-        if key in self._refused:
-            raise ValueError(self._refused[key])
-        found = self._compiled.get(key)
+        found = self._grammars.get(key)
         if found is None:
             try:
                 found = self._compile_new(constraint)
             except Exception as exc:
-                self._refused[key] = compile_error(exc)
+                self._keep(key, _Refused(compile_error(exc)))
                 raise
-            self._compiled[key] = found
+            self._keep(key, found)
+        self._grammars.move_to_end(key)
+        if isinstance(found, _Refused):
+            raise ValueError(found.reason)
         return found
+
+    def _keep(self, key: str, grammar: Any) -> None:
+        self._grammars[key] = grammar
+        while len(self._grammars) > GRAMMARS_KEPT:
+            self._grammars.popitem(last=False)
+
+    def kept(self) -> int:
+        return len(self._grammars)
 
     def _compile_new(self, constraint: tuple[str, str]) -> Any:
         reason = over_budget(*constraint)
