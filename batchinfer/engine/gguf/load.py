@@ -22,7 +22,7 @@ from ..quant.packed import StackedWeight, dequantize_rows
 from ..quant.packed_file import Source, drop, packed_weights, quantize_q8_0
 from ..unsupported import UnsupportedGGUF
 from .config import hf_config
-from .reader import GGUFFile
+from .reader import GGUFFile, open_gguf
 from .tensors import FLOATS, Part, dense_tensors, projections
 from .files import cache_folder, write_small_files
 
@@ -61,7 +61,7 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
         if weight_format == "gguf":
             raise UnsupportedGGUF(f"weight_format gguf needs a CPU with {', '.join(CPU_FLAGS)}")
         return "dense", f"auto: the integer kernel needs {'/'.join(CPU_FLAGS)}"
-    g = GGUFFile(path)
+    g = open_gguf(path)
     plan = projections(g, hf_config(g))
     types = {g.tensors[part.tensor].type for p in plan for part in p.parts}
     if weight_format == "auto" and types <= set(FLOATS):
@@ -71,7 +71,7 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
 
 def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     started, path = time.time(), Path(path)
-    g = GGUFFile(path)
+    g = open_gguf(path)
     config = hf_config(g)
     plan = projections(g, config)
     sources = gguf_sources(g, [part for p in plan for part in p.parts])

@@ -6,8 +6,10 @@ numeric arrays whole and strings in one pass, in milliseconds. Only what the eng
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,18 @@ class TensorInfo:
     shape: tuple[int, ...]  # numpy order: rows first (GGUF lists the innermost dimension first)
     offset: int  # from the start of the file
     nbytes: int
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The file parsed once per process while it is unchanged: the weight-format choice and the load both read it
+    (~0.1 s a parse, on every start's critical path)."""
+    st = os.stat(path)
+    return _parsed(str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=2)
+def _parsed(path: str, mtime_ns: int, size: int) -> GGUFFile:
+    return GGUFFile(path)
 
 
 class GGUFFile:
