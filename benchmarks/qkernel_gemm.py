@@ -14,27 +14,16 @@ import tempfile
 import time
 from concurrent.futures import Future
 
-import numpy as np
 import torch
 
 from batchinfer.engine.quant import kernel as qkernel
-from batchinfer.engine.quant.kernel import BLOCK_BYTES, SUPER
-from batchinfer.engine.quant.packed import PackedWeight, packed_size, repack
+from batchinfer.engine.quant.packed import PackedWeight
+
+from .support.qblocks import packed, random_blocks
 
 # (block type, N, K): qkv and gate_up at hidden 2048, down_proj at ffn 8192, Q6_K and Q8_0 at down's shape
 SHAPES = [("Q4_K", 3072, 2048), ("Q4_K", 16384, 2048), ("Q4_K", 2048, 8192), ("Q6_K", 2048, 8192),
           ("Q8_0", 2048, 8192)]
-FP16_SCALES = {"Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # where each type keeps its fp16 d (and dmin)
-
-
-def random_blocks(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random GGUF blocks with sane fp16 scales (random bytes there could be inf or NaN)."""
-    rng = np.random.default_rng(seed)
-    nb = k // SUPER[qtype]
-    raw = rng.integers(0, 256, size=(n, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
-    for off in FP16_SCALES[qtype]:
-        raw[..., off:off + 2] = rng.uniform(1e-3, 2e-2, size=(n, nb)).astype(np.float16).view(np.uint8).reshape(n, nb, 2)
-    return raw.reshape(n, nb * BLOCK_BYTES[qtype])
 
 
 def kernel_from(so: str | None) -> qkernel.Kernel:
@@ -44,12 +33,6 @@ def kernel_from(so: str | None) -> qkernel.Kernel:
     built.set_result(so)
     qkernel.start_build = lambda *a, **k: built  # load_kernel's ctypes set-up, on this file
     return qkernel.load_kernel.__wrapped__(so)
-
-
-def packed(kernel: qkernel.Kernel, qtype: str, raw: np.ndarray, n: int, k: int) -> PackedWeight:
-    out = np.zeros(packed_size(kernel, qtype, n, k), dtype=np.uint8)
-    repack(kernel, qtype, raw, n, k, out)
-    return PackedWeight(qtype, n, k, out, kernel)
 
 
 def best_seconds(weights: list[PackedWeight], x: torch.Tensor, reps: int, rounds: int = 5) -> list[float]:
