@@ -77,8 +77,8 @@ INL2 __m256i offset_sum2(const int t, const uint8_t *rec, int h, const act_t *A,
     const layout_t L = layout_of(t);
     __m256i osb = _mm256_setzero_si256();
     for (int i = 0; i < L.groups / 2; i++) {
-        const __m128i a = half_of(q.mins ? kq_mins16(t, rec, 2 * i) : kq_scales16(t, rec, 2 * i), h);
-        const __m128i b = half_of(q.mins ? kq_mins16(t, rec, 2 * i + 1) : kq_scales16(t, rec, 2 * i + 1), h);
+        const __m128i a = half_of(kq_offsets16(t, rec, 2 * i), h);
+        const __m128i b = half_of(kq_offsets16(t, rec, 2 * i + 1), h);
         const __m256i lo = q.mins ? _mm256_cvtepu8_epi32(a) : _mm256_cvtepi8_epi32(a);
         const __m256i hi = q.mins ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
         const __m256i pair = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));

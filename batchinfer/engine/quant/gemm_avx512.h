@@ -94,8 +94,8 @@ INL void group_pairs(const int t, const uint8_t *rec, __m512i *pairs) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     for (int i = 0; i < L.groups / 2; i++) {
-        const __m128i a = q.mins ? kq_mins16(t, rec, 2 * i) : kq_scales16(t, rec, 2 * i);
-        const __m128i b = q.mins ? kq_mins16(t, rec, 2 * i + 1) : kq_scales16(t, rec, 2 * i + 1);
+        const __m128i a = kq_offsets16(t, rec, 2 * i);
+        const __m128i b = kq_offsets16(t, rec, 2 * i + 1);
         const __m512i lo = q.mins ? _mm512_cvtepu8_epi32(a) : _mm512_cvtepi8_epi32(a);
         const __m512i hi = q.mins ? _mm512_cvtepu8_epi32(b) : _mm512_cvtepi8_epi32(b);
         pairs[i] = _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));

@@ -6,8 +6,8 @@
 
 #define VNNI_TYPE(T) \
     static void gemm_vnni_##T(const act_t *A, int64_t M, const uint8_t *w, int64_t N, float *y, int64_t ldy, int threads) { \
-        const int64_t panels = (N + PANEL - 1) / PANEL, bytes = (A->K / QT[T].sb) * decoded_vecs(T) * 64;                       \
-        const int64_t per = panels_per_range(bytes, panels, threads), ranges = (panels + per - 1) / per;                    \
+        const int64_t panels = (N + PANEL - 1) / PANEL, decoded = (A->K / QT[T].sb) * decoded_vecs(T) * 64;                       \
+        const int64_t per = panels_per_range(decoded, panels, threads), ranges = (panels + per - 1) / per;                    \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                                                  \
         for (int64_t r = 0; r < ranges; r++)                                                                               \
             panels_vnni(T, A, M, w, r * per, (r + 1) * per < panels ? (r + 1) * per : panels, N, y, ldy);                 \

@@ -131,6 +131,12 @@ static inline __attribute__((always_inline)) __m128i kq_mins16(const int t, cons
     return kq_values16(t, rec, layout_of(t).groups + g);
 }
 
+// Group g's c of the 16 channels, what multiplies its sum of q (gemm_ref.h's osb): the min, else the scale (the
+// zero point's share); unsigned with a min, signed without.
+static inline __attribute__((always_inline)) __m128i kq_offsets16(const int t, const uint8_t *rec, int g) {
+    return QT[t].mins ? kq_mins16(t, rec, g) : kq_scales16(t, rec, g);
+}
+
 static inline float fp16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
