@@ -11,6 +11,7 @@ decides it, so a warm start on the same machine and torch does not probe again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -35,9 +36,7 @@ def probe_row_pad(weights: list[torch.Tensor], head_dim: int, group: int,
                   cache_dir: str | Path | None = None) -> RowPlan:
     """The smallest row pad, and with it the largest call, under which every weight shape (one of each) and the
     attention are invariant; read from cache_dir when this machine, torch and these shapes were probed before."""
-    shapes: dict[tuple, torch.Tensor] = {}
-    for w in weights:
-        shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
+    shapes = _one_per_shape(weights)
     key = (tuple(shapes), head_dim, group, torch.get_num_threads(), cache_dir)
     if key not in _probed:
         _probed[key] = _cached_probe(list(shapes.values()), head_dim, group, cache_dir)
@@ -60,31 +59,37 @@ def _cached_probe(weights: list[torch.Tensor], head_dim: int, group: int, cache_
 
 
 def _probe(weights: list[torch.Tensor], head_dim: int, group: int) -> tuple[RowPlan, bool]:
-    """(plan, whether it is invariant): the largest pad in calls of its size, with a warning, when none is."""
+    return _first_invariant(weights, lambda pad: _attention_invariant(head_dim, group, pad))
+
+
+def probe_linear_plan(weights: list[torch.Tensor]) -> RowPlan:
+    """The smallest row pad, and with it the largest call, under which these weights' matmuls alone are invariant
+    (a LoRA adapter's A and B, probed at load: a small rank picks other kernels than the base's shapes)."""
+    shapes = _one_per_shape(weights)
+    key = ("linear", tuple(shapes), torch.get_num_threads())
+    if key not in _probed:
+        _probed[key] = _first_invariant(list(shapes.values()), lambda pad: True)[0]
+    return _probed[key]
+
+
+def _one_per_shape(weights: list[torch.Tensor]) -> dict[tuple, torch.Tensor]:
+    shapes: dict[tuple, torch.Tensor] = {}
+    for w in weights:
+        shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
+    return shapes
+
+
+def _first_invariant(weights: list[torch.Tensor], pad_ok: Callable[[int], bool]) -> tuple[RowPlan, bool]:
+    """(plan, whether it is invariant): the smallest pad pad_ok allows, then the largest call, under which every
+    weight's matmul is; the largest pad in calls of its size, with a warning, when none is."""
     for pad in ROW_PAD_CANDIDATES:
-        if not _attention_invariant(head_dim, group, pad):
+        if not pad_ok(pad):
             continue
         for most in (m for m in MAX_ROWS_CANDIDATES if m % pad == 0):
             if all(_linear_invariant(w, RowPlan(pad, most)) for w in weights):
                 return RowPlan(pad, most), True
     _warn_not_invariant()
     return RowPlan(ROW_PAD_CANDIDATES[-1], ROW_PAD_CANDIDATES[-1]), False
-
-
-def probe_linear_plan(weights: list[torch.Tensor]) -> RowPlan:
-    """The smallest row pad, and with it the largest call, under which these weights' matmuls alone are invariant
-    (a LoRA adapter's A and B, probed at load: a small rank picks other kernels than the base's shapes)."""
-    shapes: dict[tuple, torch.Tensor] = {}
-    for w in weights:
-        shapes.setdefault((tuple(w.shape), w.dtype, w.device), w)
-    key = ("linear", tuple(shapes), torch.get_num_threads())
-    if key not in _probed:
-        plans = [RowPlan(pad, most) for pad in ROW_PAD_CANDIDATES for most in MAX_ROWS_CANDIDATES if most % pad == 0]
-        found = next((p for p in plans if all(_linear_invariant(w, p) for w in shapes.values())), None)
-        if found is None:
-            _warn_not_invariant()
-        _probed[key] = found or RowPlan(ROW_PAD_CANDIDATES[-1], ROW_PAD_CANDIDATES[-1])
-    return _probed[key]
 
 
 def _warn_not_invariant() -> None:
