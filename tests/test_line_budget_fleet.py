@@ -61,6 +61,10 @@ def test_concurrent_retries_of_a_batch_make_one_retry_batch(api):  # noqa: F811
     key = new_key(api, "retrier")
     c = client(api, key)
     batch = create(c, [chat_line(f"r{i}", f"Count to {i + 20}.", max_tokens=32) for i in range(6)])
+    deadline = time.time() + 120  # past validation: a batch cancelled while validating holds no request to retry
+    while c.batches.retrieve(batch).request_counts.total < 6:
+        assert time.time() < deadline, "the batch's 6 requests never appeared"
+        time.sleep(0.1)
     c.batches.cancel(batch)  # its requests that had not run end cancelled: those a retry runs again
     done = wait_final(c, batch)
     assert done.status == "cancelled" and done.request_counts.completed < 6
