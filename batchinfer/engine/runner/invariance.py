@@ -29,6 +29,9 @@ REFERENCE_ROWS = 300  # the call every probed one is compared with (rows past ma
 # cuBLAS changes fp32 kernels at larger row counts than oneDNN (seen on an H200: dtype.py); a GPU probes them too
 CUDA_PROBE_ROWS = PROBE_ROWS + (64, 128, 300)
 CUDA_REFERENCE_ROWS = 512
+# Each row count is checked on this many outputs of the reference call at least (calls side by side): a kernel
+# whose sums differ from the reference's in the last fp32 bits shows it in one bf16 output in thousands
+COVERED_OUTPUTS = 1 << 15
 _probed: dict[tuple, RowPlan] = {}  # one probe per process for each set of shapes
 
 
@@ -102,15 +105,26 @@ def _randn(*shape: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tens
     return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
 
 
+def _wide(*shape: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Normal values scaled by 2^-8..2^8: sums that cancel round apart in more outputs when two kernels sum in
+    other orders (a bf16 GEMM's one-row path on an AVX512-BF16 Xeon: 44 outputs in 174,528 differ from its
+    many-row path, 26 on normal values)."""
+    gen = torch.Generator().manual_seed(4)
+    scale = torch.exp2(torch.randint(-8, 9, shape, generator=gen).float())
+    return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+
 def _linear_invariant(weight: torch.Tensor, plan: RowPlan) -> bool:
     cuda = weight.device.type == "cuda"
-    x = _randn((CUDA_REFERENCE_ROWS if cuda else REFERENCE_ROWS) + 3, weight.shape[1], dtype=weight.dtype,
-               device=weight.device)
+    x = _wide((CUDA_REFERENCE_ROWS if cuda else REFERENCE_ROWS) + 3, weight.shape[1], dtype=weight.dtype,
+              device=weight.device)
     want = linear(x, weight, plan)
     for rows in CUDA_PROBE_ROWS if cuda else PROBE_ROWS:
-        offset = rows % 4  # a row's place in the call must not matter either
-        if not torch.equal(linear(x[offset:offset + rows], weight, plan), want[offset:offset + rows]):
-            return False
+        first = rows % 4  # a row's place in the call must not matter either
+        calls = min(-(-COVERED_OUTPUTS // (rows * weight.shape[0])), (len(x) - first) // rows)
+        for start in range(first, first + rows * calls, rows):
+            if not torch.equal(linear(x[start:start + rows], weight, plan), want[start:start + rows]):
+                return False
     return True
 
 
