@@ -35,14 +35,17 @@ INL void decode_group(const int t, const uint8_t *codes, __m512i *v) {
     }
 }
 
+// d + codes . (x's 4 bytes broadcast), the broadcast folded into the instruction's memory operand: gcc issues a
+// separate vpbroadcastd, one more uop per vpdpbusd for the front end to rename.
+INL __m512i dpbusd_bcast(__m512i d, __m512i codes, const int8_t *x) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(d) : "v"(codes), "m"(*(const int32_t *)x));
+    return d;
+}
+
 // Vectors j0..j1 of a group's codes against the row's activations, 4 at a time broadcast: one dependency chain.
 INL __m512i dot_chain(const __m512i *v, const int8_t *x, int j0, int j1) {
     __m512i d = _mm512_setzero_si512();
-    for (int j = j0; j < j1; j++) {
-        int32_t four;
-        memcpy(&four, x + 4 * j, 4);
-        d = _mm512_dpbusd_epi32(d, v[j], _mm512_set1_epi32(four));
-    }
+    for (int j = j0; j < j1; j++) d = dpbusd_bcast(d, v[j], x + 4 * j);
     return d;
 }
 
