@@ -90,7 +90,8 @@ def test_every_path_and_row_count_gives_the_same_bits(kernel, qtype):
     for rows in (1, 2, 5, 15, 16, 17, 23):  # a row's result whatever rows share its call (and whichever path runs them)
         assert torch.equal(weight(x[:rows]), outs[kernel.path][:rows])
     assert torch.equal(weight(x[20:23]), outs[kernel.path][20:23])
-    assert torch.equal(weight(x[250:290]), outs[kernel.path][250:290])
+    assert torch.equal(weight(x[250:290]), outs[kernel.path][250:290])  # decoded a chunk at a time
+    assert torch.equal(weight(x[100:245]), outs[kernel.path][100:245])  # a range decoded whole
 
 
 @pytest.mark.parametrize("qtype", list(TYPES))

@@ -10,6 +10,8 @@
 
 #define MAX_ROWS 8  // rows of a tile that decodes its panel's groups itself
 #define DECODED_ROWS 6  // rows of a tile on decoded panels
+#define RANGE_ROWS 128  // from these rows a range of panels is decoded whole, below a chunk of a panel at a time
+#define DECODED_BYTES (16 << 10)  // a chunk of a decoded panel, in L1 while every row runs it
 #define INL static inline __attribute__((always_inline))
 
 INL void decode_group(const int t, const uint8_t *codes, __m512i *v) {
@@ -133,6 +135,8 @@ INL __m512i group_scales(const int t, const uint8_t *rec, int g) {
     return _mm512_cvtepi8_epi32(kq_scales16(t, rec, g));
 }
 
+INL int panel_cols(int64_t N, int64_t p) { return (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL); }
+
 INL void store_row(float *y, __m512 acc, int ncols) {
     if (ncols == PANEL) _mm512_storeu_ps(y, acc);
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << ncols) - 1), acc);
@@ -156,18 +160,21 @@ INL void decode_panel(const int t, const uint8_t *panel, int64_t nsb, __m512i *o
     }
 }
 
-// Rows m0..m0+R of one panel (its records from `panel`), into y (ldy apart), ncols of its 16 channels. `dec`:
-// the panel decoded (decode_panel), or NULL to decode each group here (a call of one tile).
+// Rows m0..m0+R of one panel (its records from `panel`), superblocks s0..s1, into y (ldy apart), ncols of its 16
+// channels: from zero where s0 is 0, else from the sums of the earlier superblocks that y holds (a float stored
+// and loaded is exact: the same sums in the same order as one pass). `dec`: superblocks s0..s1 decoded
+// (decode_panel), or NULL to decode each group here.
 INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, const __m512i *dec,
-                    float *y, int64_t ldy, int ncols) {
+                    int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
-    const int64_t K = A->K, nsb = K / q.sb;
+    const int64_t K = A->K;
+    const __mmask16 cols = (__mmask16)((1u << ncols) - 1);
     __m512 acc[MAX_ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < nsb; s++) {
+    for (int r = 0; r < R; r++) acc[r] = s0 ? _mm512_maskz_loadu_ps(cols, y + (m0 + r) * ldy) : _mm512_setzero_ps();
+    for (int64_t s = s0; s < s1; s++) {
         const uint8_t *rec = panel + s * L.record_bytes;
-        const __m512i *d = dec ? dec + s * decoded_vecs(t) : NULL;
+        const __m512i *d = dec ? dec + (s - s0) * decoded_vecs(t) : NULL;
         __m512i isb[MAX_ROWS];
         for (int r = 0; r < R; r++) isb[r] = _mm512_setzero_si512();
         for (int g = 0; g < L.groups; g++) {
@@ -200,8 +207,17 @@ INL void row_tiles(const int t, const int R, const act_t *A, int64_t m0, int64_t
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     for (int64_t m = m0; m + R <= m1; m += R)
         for (int64_t p = p0; p < p1; p++)
-            panel_rows(t, R, A, m, w + p * bytes, dec ? dec + (p - p0) * nvec : NULL, y + p * PANEL, ldy,
-                       (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL));
+            panel_rows(t, R, A, m, w + p * bytes, dec ? dec + (p - p0) * nvec : NULL, 0, nsb, y + p * PANEL, ldy,
+                       panel_cols(N, p));
+}
+
+// Rows m..M of superblocks s0..s1 of one panel, decoded (dec): in tiles of 6, the rest in tiles of 4, 2 and 1.
+INL void decoded_tiles(const int t, const act_t *A, int64_t m, int64_t M, const uint8_t *panel, const __m512i *dec,
+                       int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
+    for (; m + DECODED_ROWS <= M; m += DECODED_ROWS) panel_rows(t, DECODED_ROWS, A, m, panel, dec, s0, s1, y, ldy, ncols);
+    if (M - m >= 4) panel_rows(t, 4, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 4;
+    if (M - m >= 2) panel_rows(t, 2, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 2;
+    if (M - m == 1) panel_rows(t, 1, A, m, panel, dec, s0, s1, y, ldy, ncols);
 }
 
 // A thread's scratch for decoded panels, kept between calls (OpenMP's threads live on).
@@ -216,17 +232,30 @@ static __m512i *scratch(int64_t vecs) {
     return buf;
 }
 
-// Panels p0..p1 of w over all M rows, in tiles and the rest in tiles of 4, 2 and 1 (fewer copies of panel_rows
-// to compile than one per count). From 24 rows each panel of the range is decoded once for all tiles of 6
-// (decoding per tile cost a K-quant's group as much as a tile's dot products); fewer decode as they go, in
-// tiles of 8 (16 rows: two decodes, not three; 1.01-1.29x).
+// Panels p0..p1 of w over all M rows. Below 24 rows each tile of 8 decodes the groups it runs (16 rows: two
+// decodes, not three). Up to RANGE_ROWS, each panel is decoded a chunk of superblocks at a time (about
+// DECODED_BYTES, in L1) that every row runs before the next (32-96 rows: 1.02-1.43x against the range below, two
+// alternating runs). From RANGE_ROWS, the range's panels are decoded whole (about 1 MiB, in L2) and the tiles of
+// 6 walk them tile by tile (620 rows: 1.0-1.15x against the chunks, which stream every row's activations per
+// panel); the last rows decode as they go.
 INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
                      float *y, int64_t ldy) {
-    const int64_t nsb = A->K / QT[t].sb, nvec = nsb * decoded_vecs(t);
-    int64_t m;
-    if (M >= 4 * DECODED_ROWS) {
+    const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
+    int64_t m = 0;
+    if (M >= 4 * DECODED_ROWS && M < RANGE_ROWS) {
+        const int64_t per = DECODED_BYTES / (decoded_vecs(t) * 64) > 0 ? DECODED_BYTES / (decoded_vecs(t) * 64) : 1;
+        __m512i *dec = scratch(per * decoded_vecs(t));
+        for (int64_t p = p0; p < p1; p++)
+            for (int64_t s0 = 0; s0 < nsb; s0 += per) {
+                const int64_t s1 = s0 + per < nsb ? s0 + per : nsb;
+                decode_panel(t, w + p * bytes + s0 * layout_of(t).record_bytes, s1 - s0, dec);
+                decoded_tiles(t, A, 0, M, w + p * bytes, dec, s0, s1, y + p * PANEL, ldy, panel_cols(N, p));
+            }
+        return;
+    }
+    if (M >= RANGE_ROWS) {
         __m512i *dec = scratch((p1 - p0) * nvec);
-        for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * nsb * layout_of(t).record_bytes, nsb, dec + (p - p0) * nvec);
+        for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * bytes, nsb, dec + (p - p0) * nvec);
         m = M / DECODED_ROWS * DECODED_ROWS;
         row_tiles(t, DECODED_ROWS, A, 0, m, w, p0, p1, N, dec, y, ldy);
     } else {
