@@ -243,7 +243,7 @@ INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, i
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     int64_t m = 0;
     if (M >= 4 * DECODED_ROWS && M < RANGE_ROWS) {
-        const int64_t per = DECODED_BYTES / (decoded_vecs(t) * 64) > 0 ? DECODED_BYTES / (decoded_vecs(t) * 64) : 1;
+        const int64_t fit = DECODED_BYTES / (decoded_vecs(t) * 64), per = fit > 0 ? fit : 1;  // superblocks a chunk
         __m512i *dec = scratch(per * decoded_vecs(t));
         for (int64_t p = p0; p < p1; p++)
             for (int64_t s0 = 0; s0 < nsb; s0 += per) {
