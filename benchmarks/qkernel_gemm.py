@@ -2,14 +2,16 @@
 row count, with the CPU's fastest path and 2 threads. Given two built kernel libraries (`--so A --so B`, e.g. one
 built from a stash of the change), it times both alternately in one process, best of 5 rounds each, checks that
 they give the same bits, and prints B's speed over A's: a VM whose speed drifts by 20% between minutes still
-compares them fairly.
+compares them fairly. `--cold` runs each call on the next of enough copies of the weight to exceed the L3 (as the
+engine's steps read every layer's weights from memory), not on one copy that stays in cache.
 
     python -m benchmarks.qkernel_gemm                                       # this tree's kernel
-    python -m benchmarks.qkernel_gemm --so before/qkernel-X.so --so after/qkernel-Y.so --rows 16,620
+    python -m benchmarks.qkernel_gemm --so before/qkernel-X.so --so after/qkernel-Y.so --rows 16,620 --cold
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from concurrent.futures import Future
@@ -26,6 +28,9 @@ SHAPES = [("Q4_K", 3072, 2048), ("Q4_K", 16384, 2048), ("Q4_K", 2048, 8192), ("Q
           ("Q8_0", 2048, 8192)]
 
 
+PATHS = {"avx2": qkernel.AVX2, "vnni": qkernel.VNNI}
+
+
 def kernel_from(so: str | None) -> qkernel.Kernel:
     if so is None:
         return qkernel.load_kernel(tempfile.mkdtemp(prefix="qkernel-bench-"))
@@ -35,14 +40,19 @@ def kernel_from(so: str | None) -> qkernel.Kernel:
     return qkernel.load_kernel.__wrapped__(so)
 
 
-def best_seconds(weights: list[PackedWeight], x: torch.Tensor, reps: int, rounds: int = 5) -> list[float]:
+COLD_BYTES = 96 << 20  # copies of a weight in all: beyond any L3 of these machines
+
+
+def best_seconds(weights: list[list[PackedWeight]], x: torch.Tensor, reps: int, rounds: int = 5) -> list[float]:
+    """weights[i]: kernel i's copies of one weight, called in turn."""
     best = [float("inf")] * len(weights)
     for _ in range(rounds):
-        for i, w in enumerate(weights):
+        for i, copies in enumerate(weights):
+            reps_i = -(-reps // len(copies)) * len(copies)
             start = time.perf_counter()
-            for _ in range(reps):
-                w(x)
-            best[i] = min(best[i], (time.perf_counter() - start) / reps)
+            for j in range(reps_i):
+                copies[j % len(copies)](x)
+            best[i] = min(best[i], (time.perf_counter() - start) / reps_i)
     return best
 
 
@@ -50,17 +60,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--so", action="append", help="a built kernel library (twice: compare them)")
     parser.add_argument("--rows", default="1,16,620")
+    parser.add_argument("--cold", action="store_true", help="weights read from memory, not from the caches")
+    parser.add_argument("--path", choices=sorted(PATHS), help="a slower path than the CPU's best (avx2 on a VNNI CPU)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     kernels = [kernel_from(so) for so in (args.so or [None])]
+    if args.path:
+        kernels = [dataclasses.replace(kern, path=PATHS[args.path]) for kern in kernels]
     print(f"path: {kernels[0].name}")
     for qtype, n, k in SHAPES:
         raw = random_blocks(qtype, n, k)
-        weights = [packed(kern, qtype, raw, n, k) for kern in kernels]
+        copies = -(-COLD_BYTES // raw.nbytes) if args.cold else 1
+        weights = [[packed(kern, qtype, raw, n, k) for _ in range(copies)] for kern in kernels]
         cells = []
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-            outs = [w(x) for w in weights]
+            outs = [w[0](x) for w in weights]
             if any(not torch.equal(outs[0], o) for o in outs[1:]):
                 raise SystemExit(f"{qtype} {n}x{k} at {rows} rows: the kernels' outputs differ")
             best = best_seconds(weights, x, reps=max(2, int(1e9 / (rows * n * k))))
