@@ -13,6 +13,7 @@ from .config import EngineConfig
 from .sampling.grammar import GrammarRunner
 from .sampling.grammar_deadline import compile_error
 from .loading.loader import LoadedModel, load_model_light
+from .machine.heap import keep_freed_memory
 from .runner.model_runner import ModelRunner
 from .scheduler.parallel_sampling import ParentRequest, PromptSequence, sample_requests
 from .runner.pooling_config import resolve_pooling
@@ -28,6 +29,8 @@ class LLMEngine:
         self.config = config or EngineConfig()
         self.config = replace(self.config, pooling=resolve_pooling(self.config.pooling, loaded.path))
         self.config = loaded_weight_format(self.config, loaded)
+        if self.config.device == "cpu":
+            keep_freed_memory()
         self.tokenizer = loaded.tokenizer
         hf_config = loaded.hf_model.config
         self.max_model_len: int = context_length(hf_config, self.config.max_model_len)
