@@ -18,6 +18,7 @@ from concurrent.futures import Future
 
 import torch
 
+from batchinfer.engine.machine.heap import keep_freed_memory
 from batchinfer.engine.quant import kernel as qkernel
 from batchinfer.engine.quant.packed import PackedWeight
 
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--path", choices=sorted(PATHS), help="a slower path than the CPU's best (avx2 on a VNNI CPU)")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    keep_freed_memory()  # as the engine does: a call's output comes from the heap, not fresh pages
     kernels = [kernel_from(so) for so in (args.so or [None])]
     if args.path:
         kernels = [dataclasses.replace(kern, path=PATHS[args.path]) for kern in kernels]
