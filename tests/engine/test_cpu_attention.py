@@ -87,3 +87,19 @@ def test_bfloat16_takes_the_torch_backend(backend):
     args = batch.q, batch.k, batch.v
     expected = TorchAttentionBackend().forward(*args, batch.k_cache.clone(), batch.v_cache.clone(), batch.meta, 0.3)
     assert torch.equal(backend.forward(*args, batch.k_cache, batch.v_cache, batch.meta, 0.3), expected)
+
+
+@pytest.mark.parametrize("tokens,hq,hkv,d", [(1, 9, 3, 64), (70, 32, 8, 64), (5, 4, 2, 128), (3, 2, 1, 40)])
+def test_rope_matches_the_torch_form_bit_for_bit(backend, tokens, hq, hkv, d):
+    """The kernel's RoPE (q and k written contiguous) against the base backend's torch RoPE, on the decoder's
+    strided view of a fused qkv output; 70 tokens run on the threads."""
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, hq + 2 * hkv, d, generator=gen) * 10
+    positions = torch.randint(0, 4096, (tokens,), generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    angles = torch.outer(torch.arange(4096).float(), inv_freq).repeat(1, 2)
+    cos, sin = angles.cos()[:, None, :][positions], angles.sin()[:, None, :][positions]
+    q, k = backend.rope(qkv[:, :hq + hkv], cos, sin, hq)
+    q_ref, k_ref = TorchAttentionBackend().rope(qkv[:, :hq + hkv], cos, sin, hq)
+    assert q.is_contiguous() and k.is_contiguous()
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)

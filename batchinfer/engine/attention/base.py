@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers.rope import apply_rope
+
 
 @dataclass
 class AttentionMetadata:
@@ -29,6 +31,12 @@ class AttentionMetadata:
 
 
 class AttentionBackend(ABC):
+    def rope(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """qk [tokens, q heads + kv heads, head_dim] rotated (layers/rope.py apply_rope), as (q, k) for forward."""
+        qk = apply_rope(qk, cos, sin)
+        return qk[:, :num_q_heads], qk[:, num_q_heads:]
+
     @abstractmethod
     def forward(
         self,

@@ -228,3 +228,37 @@ void paged_attention(const float *q, const float *k, const float *v, float *k_ca
                     tables + (int64_t)tile[0] * width, bs, stride, scale, window, softcap, scores);
     }
 }
+
+// RoPE (neox-style, half-split) of the q and k heads of x ([tokens, hq + hkv, d], rows x_stride floats apart) by
+// each token's cos/sin rows ([tokens, d]), into q [tokens, hq, d] and k [tokens, hkv, d], contiguous for
+// paged_attention: the decoder's torch form (x * cos + cat(-x2, x1) * sin, layers/rope.py) in one pass, the same
+// bits: a product, a product, their sum, each rounded (no FMA contraction here).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+static void rope_row(const float *x, const float *c, const float *s, int half, float *out) {
+    int i = 0;
+    for (; i + 8 <= half; i += 8) {
+        const __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
+        const __m256 neg2 = _mm256_xor_ps(x2, _mm256_set1_ps(-0.0f));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
+                                                _mm256_mul_ps(neg2, _mm256_loadu_ps(s + i))));
+        _mm256_storeu_ps(out + half + i, _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + half + i)),
+                                                       _mm256_mul_ps(x1, _mm256_loadu_ps(s + half + i))));
+    }
+    for (; i < half; i++) {
+        const float a = x[i] * c[i], b = -x[half + i] * s[i];
+        const float e = x[half + i] * c[half + i], f = x[i] * s[half + i];
+        out[i] = a + b;
+        out[half + i] = e + f;
+    }
+}
+
+void rope_split(const float *x, int64_t x_stride, int64_t tokens, int hq, int hkv, int d, const float *cos,
+                const float *sin, float *q, float *k, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (tokens >= 64)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int h = 0; h < hq + hkv; h++)
+            rope_row(x + t * x_stride + (int64_t)h * d, cos + t * d, sin + t * d, d / 2,
+                     h < hq ? q + (t * hq + h) * d : k + (t * hkv + h - hq) * d);
+}
+#pragma GCC pop_options

@@ -16,7 +16,7 @@ from ..attention.base import AttentionBackend, AttentionMetadata
 from ..layers.activation import gated
 from ..layers.linear import RowPlan, linear
 from ..layers.moe import moe_mlp, quant_moe_mlp
-from ..layers.rope import RopeTable, apply_rope
+from ..layers.rope import RopeTable
 from ..lora.batch import LoRABatch
 from .spec import ModelSpec
 
@@ -115,8 +115,8 @@ class DecoderForCausalLM:
         if layer.q_norm is not None:
             qk = torch.cat([F.rms_norm(qk[:, :hq], (d,), layer.q_norm, self.eps),
                             F.rms_norm(qk[:, hq:], (d,), layer.k_norm, self.eps)], dim=1)
-        qk = apply_rope(qk, cos, sin)
-        q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+        q, k = self.attention.rope(qk, cos, sin, hq)
+        v = qkv[:, hq + hkv:]
         if window is None and self.spec.attn_softcap is None:  # the Llama call, unchanged for other backends
             out = self.attention.forward(q, k, v, k_cache, v_cache, meta, self.scale)
         else:
