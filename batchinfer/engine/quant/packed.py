@@ -27,7 +27,7 @@ class Acts:
     rows: int
 
 
-def quantize(kernel: Kernel, qtype: str, x: torch.Tensor) -> Acts:
+def quantize(kernel: Kernel, qtype: str, x: torch.Tensor, threads: int | None = None) -> Acts:
     m, k = x.shape
     sb = SUPER[qtype]
     padded = -(-m // 32) * 32  # two AMX tiles of 16 rows
@@ -36,7 +36,7 @@ def quantize(kernel: Kernel, qtype: str, x: torch.Tensor) -> Acts:
     s = torch.empty(m, k // 32 if sb == 32 else 1, dtype=torch.float32)
     bsum = torch.empty(m, k // (32 if sb == 32 else 16), dtype=torch.int32)
     kernel.lib.quantize_acts(TYPES[qtype], x.data_ptr(), m, k, padded, q.data_ptr(), d.data_ptr(), s.data_ptr(),
-                             bsum.data_ptr(), torch.get_num_threads())
+                             bsum.data_ptr(), threads or torch.get_num_threads())
     return Acts(q, d, s, bsum, m)
 
 
@@ -48,16 +48,22 @@ class PackedWeight:
     data: np.ndarray  # uint8, the packed panels (a view of the mapped cache file)
     kernel: Kernel
 
+    def __post_init__(self) -> None:
+        self.type_id, self.data_ptr = TYPES[self.qtype], self.data.ctypes.data
+
     @property
     def scheme(self) -> int:
         return SUPER[self.qtype]
 
-    def matmul(self, acts: Acts, out: torch.Tensor) -> None:
+    def matmul(self, acts: Acts, out: torch.Tensor, threads: int | None = None) -> None:
         """out [rows, >= n] (rows `out.stride(0)` apart) <- acts @ W^T."""
+        self.matmul_into(acts, out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
+
+    def matmul_into(self, acts: Acts, out_ptr: int, ldy: int, threads: int) -> None:
         rows = acts.rows
-        self.kernel.lib.gemm(TYPES[self.qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(),
-                             acts.bsum.data_ptr(), rows, self.k, self.data.ctypes.data, self.n, out.data_ptr(),
-                             out.stride(0), self.kernel.path_for(rows, self.qtype), torch.get_num_threads())
+        self.kernel.lib.gemm(self.type_id, acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(),
+                             acts.bsum.data_ptr(), rows, self.k, self.data_ptr, self.n, out_ptr, ldy,
+                             self.kernel.path_for(rows, self.qtype), threads)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return StackedWeight([self])(x)
@@ -67,22 +73,28 @@ class PackedWeight:
 class StackedWeight:
     parts: list[PackedWeight]
 
-    @property
-    def n(self) -> int:
-        return sum(p.n for p in self.parts)
+    def __post_init__(self) -> None:
+        self.n = sum(p.n for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        dtype, lead = x.dtype, x.shape[:-1]
-        x = x.reshape(-1, x.shape[-1]).to(torch.float32).contiguous()
+        """A decode step calls this a few hundred times on a few rows: the Python around the kernel is kept short
+        (the output's columns by pointer, no views; one thread count)."""
+        dtype, shape = x.dtype, x.shape
+        if x.dim() != 2 or dtype != torch.float32 or not x.is_contiguous():
+            x = x.reshape(-1, shape[-1]).to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
+        threads, ptr, ldy = torch.get_num_threads(), out.data_ptr(), self.n
         acts: dict[int, Acts] = {}
         col = 0
         for part in self.parts:
-            if part.scheme not in acts:
-                acts[part.scheme] = quantize(part.kernel, part.qtype, x)
-            part.matmul(acts[part.scheme], out[:, col:col + part.n])
+            scheme = part.scheme
+            if scheme not in acts:
+                acts[scheme] = quantize(part.kernel, part.qtype, x, threads)
+            part.matmul_into(acts[scheme], ptr + 4 * col, ldy, threads)
             col += part.n
-        return out.view(*lead, self.n).to(dtype)
+        if len(shape) == 2 and dtype == torch.float32:
+            return out
+        return out.view(*shape[:-1], self.n).to(dtype)
 
 
 def packed_size(kernel: Kernel, qtype: str, n: int, k: int) -> int:
