@@ -108,10 +108,11 @@ def test_an_embeddings_batch_gives_embedding_lists(api, tokenizer, model_cache):
 def test_retry_runs_only_what_expired_and_merged_holds_each_custom_id_once(api, tmp_path):  # noqa: F811
     key = new_key(api)
     c = client(api, key)
-    ids = [f"r{i}" for i in range(10)]
-    uploaded = c.files.create(file=("in.jsonl", jsonl([chat_line(i, f"Count to {n + 10}.", max_tokens=16)
+    ids = [f"r{i}" for i in range(24)]
+    uploaded = c.files.create(file=("in.jsonl", jsonl([chat_line(i, f"Count to {n + 40}.", max_tokens=48)
                                                        for n, i in enumerate(ids)])), purpose="batch")
-    # a 1 s window: the sweep expires what has not started, long before 10 requests of 16 tokens are done
+    # a 1 s window: the sweep expires what has not started, long before 12 units of two requests of 48 tokens are
+    # done (counting to 40 takes more than 48 tokens; 10 requests of 16 once finished within the second)
     first = wait_final(c, c.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                            completion_window="1s").id)
     assert first.status == "expired"
