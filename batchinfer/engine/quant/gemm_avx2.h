@@ -112,11 +112,6 @@ INL2 void store_half(float *y, __m256 acc, int ncols) {
     memcpy(y, tmp, sizeof(float) * (size_t)(ncols > 0 ? ncols : 0));
 }
 
-// The first pass over a panel asks for the records 8 KiB ahead into L2, as the VNNI path (gemm_avx512.h).
-INL2 void prefetch_ahead2(const uint8_t *rec, int bytes) {
-    for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)rec + 8192 + i, _MM_HINT_T1);
-}
-
 INL2 void half_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, int h, float *y, int64_t ldy, int ncols) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
@@ -125,7 +120,7 @@ INL2 void half_rows(const int t, const int R, const act_t *A, int64_t m0, const 
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *rec = panel + s * L.record_bytes;
-        if (m0 == 0 && h == 0) prefetch_ahead2(rec, L.record_bytes);
+        if (m0 == 0 && h == 0) prefetch_ahead(rec, L.record_bytes);
         __m256i isb[AVX2_ROWS];
         for (int r = 0; r < R; r++) isb[r] = _mm256_setzero_si256();
         for (int g = 0; g < L.groups; g++) {

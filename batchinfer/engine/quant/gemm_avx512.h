@@ -13,7 +13,6 @@
 #define RANGE_ROWS 128  // from these rows a range of panels is decoded whole, below a chunk of a panel at a time
 #define DECODED_BYTES (16 << 10)  // a chunk of a decoded panel, in L1 while every row runs it
 #define INL static inline __attribute__((always_inline))
-#define PREFETCH_BYTES 8192  // how far ahead a first pass over the weights asks for them (4-16 KiB: the same)
 
 INL void decode_group(const int t, const uint8_t *codes, __m512i *v) {
     const qtype_t q = QT[t];
@@ -134,14 +133,6 @@ INL __m512 superblock_step(const int t, __m512i isb, __m512i osb, int folded, co
 
 INL __m512i group_scales(const int t, const uint8_t *rec, int g) {
     return _mm512_cvtepi8_epi32(kq_scales16(t, rec, g));
-}
-
-// A first pass over a panel's records (the first tile of rows, or its decode) asks for the records a few KiB
-// ahead (the next panels', contiguous) into L2: the weights come from memory, and the hardware's prefetcher
-// alone leaves the tile waiting on them (16 rows, weights beyond the L3: 1.2x on Q4_K and Q6_K, 1.5x on Q8_0).
-// Into L1 it costs instead (0.9x): the lines evict the tile's activations.
-INL void prefetch_ahead(const uint8_t *rec, int bytes) {
-    for (int i = 0; i < bytes; i += 64) _mm_prefetch((const char *)rec + PREFETCH_BYTES + i, _MM_HINT_T1);
 }
 
 INL int panel_cols(int64_t N, int64_t p) { return (int)(N - p * PANEL < PANEL ? N - p * PANEL : PANEL); }
@@ -271,13 +262,7 @@ INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, i
         row_tiles(t, DECODED_ROWS, A, 0, m, w, p0, p1, N, dec, y, ldy);
     } else {
         m = M / MAX_ROWS * MAX_ROWS;
-#ifdef PANEL_OUTER
-        for (int64_t p = p0; p < p1; p++)
-            for (int64_t r = 0; r < m; r += MAX_ROWS)
-                panel_rows(t, MAX_ROWS, A, r, w + p * bytes, NULL, 0, nsb, y + p * PANEL, ldy, panel_cols(N, p));
-#else
         row_tiles(t, MAX_ROWS, A, 0, m, w, p0, p1, N, NULL, y, ldy);
-#endif
     }
     if (M - m >= 4) row_tiles(t, 4, A, m, m + 4, w, p0, p1, N, NULL, y, ldy), m += 4;
     if (M - m >= 2) row_tiles(t, 2, A, m, m + 2, w, p0, p1, N, NULL, y, ldy), m += 2;
