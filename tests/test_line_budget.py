@@ -119,7 +119,7 @@ def test_a_line_nested_too_deep_is_its_own_error_first_line_or_not(make_context,
     assert count == 1 and (bad["line"], bad["code"]) == (1, "invalid_json_line") and "nested too deeply" in bad["message"]
 
 
-def test_an_embeddings_line_of_60000_inputs_is_refused_in_well_under_a_second(tiny_tokenizer):
+def test_an_embeddings_line_of_60000_inputs_is_refused_without_rendering_every_error(tiny_tokenizer):
     line = json.dumps({"custom_id": "big", "method": "POST", "url": "/v1/embeddings",
                        "body": {"model": MODEL, "input": ["a"] * 60_000}})
     started = time.perf_counter()
@@ -127,7 +127,9 @@ def test_an_embeddings_line_of_60000_inputs_is_refused_in_well_under_a_second(ti
     elapsed = time.perf_counter() - started
     [error] = report.request_errors
     assert error.param == "body.input" and "a list of up to 2048" in error.message and len(error.message) < 700
-    assert elapsed < 1.0, elapsed  # was 103 s: each of 120,000 union errors rendered the whole list
+    # was 103 s: each of 120,000 union errors rendered the whole list; ~0.3 s now, 1.08 s once on a CI machine busy
+    # with other work, so the bound catches the bug, not the machine's minute
+    assert elapsed < 10.0, elapsed
 
 
 def test_validation_reports_progress_while_it_works_through_a_chunk(tiny_tokenizer):
