@@ -30,6 +30,12 @@ GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8:
               27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4"}
 
 
+def _string_at(buf: mmap.mmap, pos: int) -> tuple[str, int]:
+    """The length-prefixed UTF-8 string at pos, and the position after it."""
+    (n,) = struct.unpack_from("<Q", buf, pos)
+    return buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
+
+
 class StringArray(Sequence):
     """A metadata array of strings (a vocabulary, merges), decoded on first use; the parse only walks its lengths."""
 
@@ -41,9 +47,8 @@ class StringArray(Sequence):
         if self._values is None:
             values, pos = [], self._pos
             for _ in range(self._count):
-                (n,) = struct.unpack_from("<Q", self._buf, pos)
-                values.append(self._buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
-                pos += 8 + n
+                value, pos = _string_at(self._buf, pos)
+                values.append(value)
             self._values = values
         return self._values
 
@@ -54,7 +59,7 @@ class StringArray(Sequence):
         return self._decoded()[i]
 
     def __eq__(self, other: object) -> bool:
-        return list(self) == (list(other) if isinstance(other, Sequence) else other)
+        return self._decoded() == (list(other) if isinstance(other, Sequence) else other)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -153,8 +158,7 @@ class GGUFFile:
                                             _tensor_bytes(GGML_TYPES.get(kind), shape, nbytes))
 
     def _string(self, pos: int) -> tuple[str, int]:
-        (n,) = struct.unpack_from("<Q", self._map, pos)
-        return self._map[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
+        return _string_at(self._map, pos)
 
     def _value(self, kind: int, pos: int) -> tuple[Any, int]:
         if kind == STRING:

@@ -55,11 +55,8 @@ class PackedWeight:
     def scheme(self) -> int:
         return SUPER[self.qtype]
 
-    def matmul(self, acts: Acts, out: torch.Tensor, threads: int | None = None) -> None:
-        """out [rows, >= n] (rows `out.stride(0)` apart) <- acts @ W^T."""
-        self.matmul_into(acts, out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
-
-    def matmul_into(self, acts: Acts, out_ptr: int, ldy: int, threads: int) -> None:
+    def matmul(self, acts: Acts, out_ptr: int, ldy: int, threads: int) -> None:
+        """The float32 output at out_ptr [rows, >= n] (rows ldy floats apart) <- acts @ W^T."""
         rows = acts.rows
         self.kernel.lib.gemm(self.type_id, acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(),
                              acts.bsum.data_ptr(), rows, self.k, self.data_ptr, self.n, out_ptr, ldy,
@@ -90,7 +87,7 @@ class StackedWeight:
             scheme = part.scheme
             if scheme not in acts:
                 acts[scheme] = quantize(part.kernel, part.qtype, x, threads)
-            part.matmul_into(acts[scheme], ptr + 4 * col, ldy, threads)
+            part.matmul(acts[scheme], ptr + 4 * col, ldy, threads)
             col += part.n
         if len(shape) == 2 and dtype == torch.float32:
             return out
