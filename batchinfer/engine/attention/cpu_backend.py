@@ -2,8 +2,10 @@
 
 The torch backend (chunked.py) gathers every sequence's keys into a padded batch and runs a few small GEMMs per
 64-key chunk; on a CPU those gathers and tiny GEMMs cost several times the arithmetic. The kernel walks each
-row's keys through its block table instead. float32 only: other dtypes, and more than 32 query heads per KV
-head, take the torch backend.
+row's keys through its block table instead, with each block's keys transposed ([kv heads, head_dim, block_size]
+in the block's place: keys_in_base_layout reads them back). float32, head_dim a multiple of 16 up to 256, at most
+32 query heads per KV head; anything else takes the torch backend (for every layer alike: the layout is chosen
+once per model). A block_size that is not a multiple of 16 works, slower, with the same bits.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 
 SOURCE = Path(__file__).with_name("cpu_kernel.c")
-MAX_HEAD_DIM, MAX_ROWS, KEYS = 256, 32, 8  # cpu_kernel.c MAX_D, MAX_ROWS, KEYS
+MAX_HEAD_DIM, MAX_ROWS, LANES, SCORE_ROWS, SCORE_PAD = 256, 32, 16, 4, 32  # cpu_kernel.c MAX_ROWS, a vector's keys, its scratch
 
 
 @lru_cache(maxsize=1)
@@ -26,7 +28,7 @@ def load_attention_kernel(cache_dir: str) -> ctypes.CDLL:
     lib = build_library(SOURCE, cache_dir, "CPU attention kernel")
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     lib.paged_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i32, i32, i32, ptr, ptr, i64, ptr, i64, i32,
-                                    f32, i64, f32, ptr, i64, i32]
+                                    f32, i64, f32, ptr, i64, i32, i32]
     lib.paged_attention.restype = None
     lib.rope_split.argtypes = [ptr, i64, i64, i32, i32, i32, ptr, ptr, ptr, ptr, i32]
     lib.rope_split.restype = None
@@ -34,12 +36,25 @@ def load_attention_kernel(cache_dir: str) -> ctypes.CDLL:
 
 
 def kernel_fits(dtype: torch.dtype, head_dim: int, group: int) -> bool:
-    return dtype == torch.float32 and head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and group <= MAX_ROWS
+    return dtype == torch.float32 and head_dim % LANES == 0 and head_dim <= MAX_HEAD_DIM and group <= MAX_ROWS
+
+
+def keys_in_base_layout(k_cache: torch.Tensor) -> torch.Tensor:
+    """The kernel's key cache as the base layout [blocks, block_size, kv heads, head_dim] (a view)."""
+    blocks, bs, hkv, d = k_cache.shape
+    return k_cache.view(blocks, hkv, d, bs).permute(0, 3, 1, 2)
+
+
+def keys_in_kernel_layout(k_cache: torch.Tensor) -> torch.Tensor:
+    """A base-layout key cache copied into the kernel's layout (the same shape)."""
+    blocks, bs, hkv, d = k_cache.shape
+    return k_cache.permute(0, 2, 3, 1).contiguous().view(blocks, bs, hkv, d)
 
 
 class CpuAttentionBackend(AttentionBackend):
-    def __init__(self, cache_dir: str):
+    def __init__(self, cache_dir: str, avx2_only: bool = False):
         self.lib = load_attention_kernel(cache_dir)
+        self.avx2_only = avx2_only  # the AVX2 build on an AVX-512 CPU too (the tests compare their bits)
         self.fallback = TorchAttentionBackend()  # bf16/fp16 engines, odd head sizes
         self._plan_for: AttentionMetadata | None = None
         self._plan: tuple[int, tuple[torch.Tensor, ...]] | None = None
@@ -75,12 +90,12 @@ class CpuAttentionBackend(AttentionBackend):
         group = q.shape[1] // k.shape[1]
         pos, tiles, tables, slots = self._get_plan(meta, max(1, MAX_ROWS // group))
         threads = torch.get_num_threads()
-        scratch = torch.empty(threads * MAX_ROWS * (meta.max_seq_len + KEYS), dtype=torch.float32)
+        scratch = torch.empty(threads * SCORE_ROWS * (meta.max_seq_len + SCORE_PAD), dtype=torch.float32)
         self.lib.paged_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                                  slots.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2],
                                  q.shape[2], pos.data_ptr(), tiles.data_ptr(), tiles.shape[0], tables.data_ptr(),
                                  tables.shape[1], k_cache.shape[1], scale, window or 0, softcap or 0.0,
-                                 scratch.data_ptr(), meta.max_seq_len, threads)
+                                 scratch.data_ptr(), meta.max_seq_len, threads, self.avx2_only)
         return out
 
     def _get_plan(self, meta: AttentionMetadata, tile_tokens: int) -> tuple[torch.Tensor, ...]:

@@ -1,11 +1,12 @@
-// Paged attention on the CPU (AVX2, FMA): each new token's query heads read their sequence's keys and values in
-// place in the paged cache, through its block table (no gather into a padded batch, no per-chunk GEMMs).
+// Paged attention on the CPU: each new token's query heads read their sequence's keys and values in place in the
+// paged cache, through its block table (no gather into a padded batch, no per-chunk GEMMs).
 //
-// Batch-invariant by construction: one (token, query head) row at a time. Its keys are taken in position order
-// in groups of 8 from its first visible key; each score is one dot product (one FMA chain over head_dim, then
-// one fixed reduction tree over the 8 lanes); the softmax's exps are one polynomial, summed lane-wise then over
-// the lanes in a fixed tree; the values are summed in position order. Nothing in a row's arithmetic depends on
-// the other rows of the call, their number, the threads, or whether the row is a decode, a fresh prefill or an
+// Keys are kept transposed within each block, [blocks][kv heads][head_dim][block_size] (values as the base
+// layout, [blocks][block_size][kv heads][head_dim]): a load of 16 keys' column c is one vector, so a row's scores
+// are FMA chains over c with no horizontal sums, and the rows of a tile share each load.
+//
+// Batch-invariant by construction (cpu_attend.h): a row's arithmetic does not depend on the other rows of the
+// call, their number, the threads, the CPU's vector width, or whether the row is a decode, a fresh prefill or an
 // extend over a cached prefix: the same token gets the same bits everywhere.
 #include <immintrin.h>
 #include <math.h>
@@ -13,39 +14,67 @@
 #include <string.h>
 #include <omp.h>
 
-#define MAX_D 256
-#define KEYS 8  // keys per score group: one vector of 8 scores
-#define VCHUNK 32  // values per chunk: 8 KB at head_dim 64
 #define MAX_ROWS 32  // rows of a tile: query heads per KV head times tokens
 
+// One KV head of one sequence: its keys (k: the head's first column in block 0's layout) and values.
+typedef struct {
+    const float *k, *v;
+    const int32_t *table;
+    int64_t bs, hkv, d;
+} Keys;
+
+// 16 keys from p0 (a multiple of 16), column c at + c * *stride: in place where one block holds them (block_size
+// a multiple of 16), else copied into buf (16 * d floats), keys past `last` as zeros (their scores are masked):
+// the same lanes either way, so a block size changes no bits.
+static inline const float *key_vector(const Keys *s, int64_t p0, int64_t last, float *buf, int64_t *stride) {
+    if (s->bs % 16 == 0) {
+        *stride = s->bs;
+        return s->k + (int64_t)s->table[p0 / s->bs] * s->hkv * s->d * s->bs + p0 % s->bs;
+    }
+    for (int l = 0; l < 16; l++) {
+        const int64_t p = p0 + l;
+        const float *src = s->k + (int64_t)s->table[p <= last ? p / s->bs : 0] * s->hkv * s->d * s->bs + p % s->bs;
+        for (int64_t c = 0; c < s->d; c++) buf[c * 16 + l] = p <= last ? src[c * s->bs] : 0.0f;
+    }
+    *stride = 16;
+    return buf;
+}
+
+// Walks a row's values in position order through its block table: one division at the start, none per value.
+typedef struct {
+    const float *cache;
+    const int32_t *table;
+    int64_t block, offset, bs, stride;
+} Cursor;
+
+static inline Cursor value_cursor(const Keys *s, int64_t j) {
+    return (Cursor){s->v, s->table, j / s->bs, j % s->bs, s->bs, s->hkv * s->d};
+}
+
+static inline const float *next_value(Cursor *c) {
+    const float *row = c->cache + ((int64_t)c->table[c->block] * c->bs + c->offset) * c->stride;
+    if (++c->offset == c->bs) c->offset = 0, c->block++;
+    return row;
+}
+
 // The 8 lanes of v summed: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
-static inline float hsum(__m256 v) {
+static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-static inline float hmax(__m256 v) {  // a max is exact in any order
+static inline float hmax8(__m256 v) {  // a max is exact in any order
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-// Four keys' dot vectors reduced to one vector: lanes (0..3, 4..7) hold ((0+1)+(2+3)) and ((4+5)+(6+7)) of each.
-static inline __m256 hsum4(const __m256 d[4]) {
-    return _mm256_hadd_ps(_mm256_hadd_ps(d[0], d[1]), _mm256_hadd_ps(d[2], d[3]));
-}
-
-// Lane u of the result is the sum of key u's 8 lanes, ((0+1)+(2+3)) + ((4+5)+(6+7)), the same tree for every u.
-static inline __m256 hsum8(__m256 a, __m256 b) {
-    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
 // exp(x) for x <= 0 (a softmax's scores minus their max), Cephes' expf: x = n ln2 + r, 2^n * p(r). Within 2 ulp
-// of expf; below -87.3 (and -inf, the lanes past a row's last key) it is exactly 0.
-static inline __m256 exp_ps(__m256 x) {
+// of expf; below -87.3 (and -inf, the keys a row does not see) it is exactly 0.
+static inline __m256 exp8(__m256 x) {
     const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
     const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
@@ -62,119 +91,122 @@ static inline __m256 exp_ps(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
 }
 
-// Walks a row's keys in position order through its block table: one division at the start, none per key.
-typedef struct {
-    const float *cache;
-    const int32_t *table;
-    int64_t block, offset, bs, stride;
-} Cursor;
+static inline float clip_lane(int64_t i) { return i < -1 ? -1.0f : i > 16 ? 16.0f : (float)i; }
 
-static inline Cursor cursor(const float *cache, const int32_t *table, int64_t j, int bs, int64_t stride) {
-    return (Cursor){cache, table, j / bs, j % bs, bs, stride};
+// softcap * tanh(x / softcap), lane by lane (Gemma 2)
+static inline void softcap16(float lanes[16], float softcap) {
+    for (int u = 0; u < 16; u++) lanes[u] = tanhf(lanes[u] / softcap) * softcap;
 }
 
-static inline const float *next_key(Cursor *c) {
-    const float *row = c->cache + ((int64_t)c->table[c->block] * c->bs + c->offset) * c->stride;
-    if (++c->offset == c->bs) c->offset = 0, c->block++;
-    return row;
+// ---- AVX2: a vector of 16 lanes in two registers ----
+typedef struct { __m256 lo, hi; } vf2;
+#define V2(f) static inline __attribute__((always_inline)) vf2 v2_##f
+V2(load)(const float *p) { return (vf2){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+V2(set1)(float x) { return (vf2){_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+V2(zero)(void) { return (vf2){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+V2(mul)(vf2 a, vf2 b) { return (vf2){_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+V2(add)(vf2 a, vf2 b) { return (vf2){_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+V2(sub)(vf2 a, vf2 b) { return (vf2){_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+V2(div)(vf2 a, vf2 b) { return (vf2){_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+V2(max)(vf2 a, vf2 b) { return (vf2){_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+V2(fma)(vf2 a, vf2 b, vf2 c) { return (vf2){_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+V2(exp)(vf2 x) { return (vf2){exp8(x.lo), exp8(x.hi)}; }
+V2(outside)(vf2 x, int64_t first, int64_t last) {  // lanes before first or after last: -inf
+    const __m256 a = _mm256_set1_ps(clip_lane(first)), b = _mm256_set1_ps(clip_lane(last));
+    const __m256 l0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), l1 = _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15);
+    const __m256 inf = _mm256_set1_ps(-INFINITY);
+    const __m256 m0 = _mm256_or_ps(_mm256_cmp_ps(l0, a, _CMP_LT_OQ), _mm256_cmp_ps(l0, b, _CMP_GT_OQ));
+    const __m256 m1 = _mm256_or_ps(_mm256_cmp_ps(l1, a, _CMP_LT_OQ), _mm256_cmp_ps(l1, b, _CMP_GT_OQ));
+    return (vf2){_mm256_blendv_ps(x.lo, inf, m0), _mm256_blendv_ps(x.hi, inf, m1)};
 }
-
-// The scores of one head's keys j0..j0+7 (keys: their rows; past hi, the last again) into scores, lanes past hi
-// at -inf; returns them.
-static inline __attribute__((always_inline)) __m256 score8(const int D, const float *q, const float *const *keys,
-                                                           int64_t past, float scale, float softcap,
-                                                           float *scores) {
-    __m256 half[2];  // keys 0-3 and 4-7, each reduced as soon as its four dots are done (fewer registers)
-    for (int g = 0; g < 2; g++) {
-        __m256 dots[4];
-        for (int u = 0; u < 4; u++) {
-            const float *k = keys[4 * g + u];
-            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
-            for (int c = 8; c < D; c += 8) dot = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(k + c), dot);
-            dots[u] = dot;
-        }
-        half[g] = hsum4(dots);
-    }
-    __m256 s = _mm256_mul_ps(hsum8(half[0], half[1]), _mm256_set1_ps(scale));
-    if (softcap > 0) {  // Gemma 2: softcap * tanh(s / softcap), lane by lane
-        float lanes[KEYS];
-        _mm256_storeu_ps(lanes, s);
-        for (int u = 0; u < KEYS; u++) lanes[u] = tanhf(lanes[u] / softcap) * softcap;
-        s = _mm256_loadu_ps(lanes);
-    }
-    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-    s = _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(lane, _mm256_set1_ps((float)past), _CMP_GT_OQ));
-    _mm256_storeu_ps(scores, s);
-    return s;
+V2(softcap)(vf2 x, float softcap) {
+    float lanes[16];
+    _mm256_storeu_ps(lanes, x.lo), _mm256_storeu_ps(lanes + 8, x.hi);
+    softcap16(lanes, softcap);
+    return v2_load(lanes);
 }
+static inline void v2_store(float *p, vf2 x) { _mm256_storeu_ps(p, x.lo), _mm256_storeu_ps(p + 8, x.hi); }
+static inline float v2_hsum(vf2 x) { return hsum8(_mm256_add_ps(x.lo, x.hi)); }  // (l + l+8), then hsum8's tree
+static inline float v2_hmax(vf2 x) { return hmax8(_mm256_max_ps(x.lo, x.hi)); }
 
-// R rows that share one KV head and see keys from the same lo: the G query heads of T consecutive tokens of one
-// sequence, row r up to position his[r]. Each row's arithmetic is that of a row alone (its scores, then its exps
-// and their sum, then its values, each in position order from lo); the rows only take turns on the same keys and
-// values so that those are read from memory once and from L1 after. scores: R * (max his - lo + 1 + KEYS) floats.
-static inline __attribute__((always_inline)) void attend(const int D, int R, const float *const *q,
-                                                         float *const *out, const int64_t *his, const float *k_cache,
-                                                         const float *v_cache, const int32_t *table, int64_t lo,
-                                                         int bs, int64_t stride, float scale, float softcap,
-                                                         float *scores) {
-    int64_t hi = lo;
-    for (int r = 0; r < R; r++) hi = his[r] > hi ? his[r] : hi;
-    const int64_t pitch = hi - lo + 1 + KEYS;
-    __m256 top[MAX_ROWS];
-    for (int r = 0; r < R; r++) top[r] = _mm256_set1_ps(-INFINITY);
-    Cursor keys = cursor(k_cache, table, lo, bs, stride);
-    const float *k[KEYS] = {NULL};
-    for (int64_t j0 = lo; j0 <= hi; j0 += KEYS) {
-        for (int u = 0; u < KEYS; u++) k[u] = j0 + u <= hi ? next_key(&keys) : k[u - 1];
-        for (int r = 0; r < R; r++) {  // lanes past a row's last key: masked to -inf, whatever they read
-            if (j0 > his[r]) continue;
-            const __m256 s = score8(D, q[r], k, his[r] - j0, scale, softcap, scores + r * pitch + (j0 - lo));
-            top[r] = _mm256_max_ps(top[r], s);
-        }
-    }
-    float total[MAX_ROWS];
-    for (int r = 0; r < R; r++) {  // the weights, in place of the scores
-        const __m256 t = _mm256_set1_ps(hmax(top[r]));
-        __m256 sum = _mm256_setzero_ps();
-        for (int64_t j0 = lo; j0 <= his[r]; j0 += KEYS) {
-            float *e = scores + r * pitch + (j0 - lo);
-            const __m256 w = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(e), t));
-            sum = _mm256_add_ps(sum, w);
-            _mm256_storeu_ps(e, w);
-        }
-        total[r] = hsum(sum);
-    }
-    // Values in chunks of VCHUNK keys (in L1 for every row); a row's accumulators wait in out between chunks (an
-    // fp32 store and load are exact: the same chain as one pass).
-    Cursor values = cursor(v_cache, table, lo, bs, stride);
-    const float *v[VCHUNK];
-    for (int64_t j0 = lo; j0 <= hi; j0 += VCHUNK) {
-        const int n = hi - j0 + 1 < VCHUNK ? (int)(hi - j0 + 1) : VCHUNK;
-        for (int u = 0; u < n; u++) v[u] = next_key(&values);
-        for (int r = 0; r < R; r++) {
-            if (j0 > his[r]) continue;
-            const int m = his[r] - j0 + 1 < n ? (int)(his[r] - j0 + 1) : n;
-            __m256 acc[MAX_D / 8];
-            for (int c = 0; c < D / 8; c++) acc[c] = j0 == lo ? _mm256_setzero_ps() : _mm256_loadu_ps(out[r] + 8 * c);
-            const float *e = scores + r * pitch + (j0 - lo);
-            for (int u = 0; u < m; u++) {
-                const __m256 w = _mm256_broadcast_ss(e + u);
-                for (int c = 0; c < D / 8; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v[u] + 8 * c), acc[c]);
-            }
-            for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out[r] + 8 * c, acc[c]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        const __m256 t = _mm256_set1_ps(total[r]);
-        for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(out[r] + 8 * c, _mm256_div_ps(_mm256_loadu_ps(out[r] + 8 * c), t));
-    }
+#define VF vf2
+#define V(f) v2_##f
+#define NV 1  // 16 ymm: 4 rows x 1 vector of accumulators, 2 keys, a broadcast
+#define NC 1
+#include "cpu_attend.h"
+#undef VF
+#undef V
+#undef NV
+#undef NC
+
+// ---- AVX-512: the same lanes in one register ----
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#define V5(f) static inline __attribute__((always_inline)) __m512 v5_##f
+V5(load)(const float *p) { return _mm512_loadu_ps(p); }
+V5(set1)(float x) { return _mm512_set1_ps(x); }
+V5(zero)(void) { return _mm512_setzero_ps(); }
+V5(mul)(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+V5(add)(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+V5(sub)(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
+V5(div)(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
+V5(max)(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+V5(fma)(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+V5(exp)(__m512 x) {  // exp8's steps, lane by lane the same
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, y, _mm512_castsi512_ps(pow2n));
 }
+V5(outside)(__m512 x, int64_t first, int64_t last) {
+    const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __mmask16 m = _mm512_cmp_ps_mask(lane, _mm512_set1_ps(clip_lane(first)), _CMP_LT_OQ)
+                      | _mm512_cmp_ps_mask(lane, _mm512_set1_ps(clip_lane(last)), _CMP_GT_OQ);
+    return _mm512_mask_mov_ps(x, m, _mm512_set1_ps(-INFINITY));
+}
+V5(softcap)(__m512 x, float softcap) {
+    float lanes[16];
+    _mm512_storeu_ps(lanes, x);
+    softcap16(lanes, softcap);
+    return _mm512_loadu_ps(lanes);
+}
+static inline void v5_store(float *p, __m512 x) { _mm512_storeu_ps(p, x); }
+static inline __m256 halves_added(__m512 x) {  // (l + l+8)
+    return _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+}
+static inline float v5_hsum(__m512 x) { return hsum8(halves_added(x)); }
+static inline float v5_hmax(__m512 x) { return _mm512_reduce_max_ps(x); }
 
-// Store the new tokens' K/V rows ([new, hkv * d] each) at their cache slots.
+#define VF __m512
+#define V(f) v5_##f
+#define NV 2  // 32 zmm: 4 rows x 2 vectors of accumulators (eight FMA chains), or 4 x 4 for the values
+#define NC 4
+#include "cpu_attend.h"
+#undef VF
+#undef V
+#undef NV
+#undef NC
+#pragma GCC pop_options
+
+// Store the new tokens' K/V rows ([new, hkv * d] each) at their cache slots: values as they are, keys
+// transposed into their block's [hkv][d][bs].
 static void store_kv(const float *k, const float *v, float *k_cache, float *v_cache, const int64_t *slots,
-                     int64_t new_tokens, int64_t stride) {
+                     int64_t new_tokens, int hkv, int d, int bs) {
+    const int64_t stride = (int64_t)hkv * d;
     for (int64_t i = 0; i < new_tokens; i++) {
-        memcpy(k_cache + slots[i] * stride, k + i * stride, stride * sizeof(float));
+        float *kt = k_cache + slots[i] / bs * stride * bs + slots[i] % bs;
+        for (int64_t e = 0; e < stride; e++) kt[e * bs] = k[i * stride + e];
         memcpy(v_cache + slots[i] * stride, v + i * stride, stride * sizeof(float));
     }
 }
@@ -182,9 +214,9 @@ static void store_kv(const float *k, const float *v, float *k_cache, float *v_ca
 // One task: KV head kvh for the tokens first..first+count-1 of one sequence (consecutive positions). With a window
 // each token sees keys from its own lo, so each is its own tile of G rows.
 static void attend_tile(const float *q, float *out, const float *k_cache, const float *v_cache, int hq, int group,
-                        int d, int kvh, int64_t first, int count, const int32_t *pos, const int32_t *table,
-                        int bs, int64_t stride, float scale, int64_t window, float softcap, float *scores) {
-    const float *kc = k_cache + (int64_t)kvh * d, *vc = v_cache + (int64_t)kvh * d;
+                        int hkv, int d, int kvh, int64_t first, int count, const int32_t *pos, const int32_t *table,
+                        int bs, float scale, int64_t window, float softcap, float *scratch, int wide) {
+    const Keys keys = {k_cache + (int64_t)kvh * d * bs, v_cache + (int64_t)kvh * d, table, bs, hkv, d};
     const int per = window > 0 ? 1 : count;  // tokens that share a lo
     for (int t0 = 0; t0 < count; t0 += per) {
         const float *qs[MAX_ROWS];
@@ -199,33 +231,32 @@ static void attend_tile(const float *q, float *out, const float *k_cache, const 
         }
         const int64_t hi = pos[first + t0];
         const int64_t lo = window > 0 && hi - window + 1 > 0 ? hi - window + 1 : 0;
-        switch (d) {
-            case 64: attend(64, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
-            case 128: attend(128, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
-            default: attend(d, R, qs, os, his, kc, vc, table, lo, bs, stride, scale, softcap, scores); break;
-        }
+        if (wide) v5_attend(d, R, qs, os, his, &keys, lo, scale, softcap, scratch);
+        else v2_attend(d, R, qs, os, his, &keys, lo, scale, softcap, scratch);
     }
 }
 
-// q, out: [tokens, hq, d]; k, v: [tokens, hkv, d], stored first at slots; caches: [blocks, bs, hkv, d];
-// pos: [tokens] each token's position; tiles: [num_tiles, 3] (the row of the tiles' sequence in tables, its
-// first token, its token count <= MAX_ROWS / (hq / hkv)); tables: [batch, width]. A token at position p sees
-// keys max(0, p - window + 1)..p (window <= 0: all); softcap <= 0: none.
-// scratch: threads * MAX_ROWS * (max_len + KEYS) floats (a tile's scores per thread).
+// q, out: [tokens, hq, d]; k, v: [tokens, hkv, d], stored first at slots; caches: [blocks, bs, hkv, d] in size
+// (keys in the layout above); d and bs multiples of 16; pos: [tokens] each token's position; tiles:
+// [num_tiles, 3] (the row of the tiles' sequence in tables, its first token, its token count <= MAX_ROWS /
+// (hq / hkv)); tables: [batch, width]. A token at position p sees keys max(0, p - window + 1)..p (window <= 0:
+// all); softcap <= 0: none. scratch: threads * 4 * (max_len + 32) floats (a group's scores per thread).
+// avx2_only: the AVX2 build on any CPU (the tests compare the two).
 void paged_attention(const float *q, const float *k, const float *v, float *k_cache, float *v_cache,
                      const int64_t *slots, float *out, int64_t tokens, int hq, int hkv, int d, const int32_t *pos,
                      const int32_t *tiles, int64_t num_tiles, const int32_t *tables, int64_t width, int bs,
-                     float scale, int64_t window, float softcap, float *scratch, int64_t max_len, int threads) {
+                     float scale, int64_t window, float softcap, float *scratch, int64_t max_len, int threads,
+                     int avx2_only) {
     const int group = hq / hkv;
-    const int64_t stride = (int64_t)hkv * d;
-    store_kv(k, v, k_cache, v_cache, slots, tokens, stride);
+    const int wide = !avx2_only && __builtin_cpu_supports("avx512f");
+    store_kv(k, v, k_cache, v_cache, slots, tokens, hkv, d, bs);
     // Tiles differ in length (a long prefill's last tokens see the most keys): hand them out one at a time.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t r = 0; r < num_tiles * hkv; r++) {
         const int32_t *tile = tiles + (r / hkv) * 3;
-        float *scores = scratch + (int64_t)omp_get_thread_num() * MAX_ROWS * (max_len + KEYS);
-        attend_tile(q, out, k_cache, v_cache, hq, group, d, (int)(r % hkv), tile[1], tile[2], pos,
-                    tables + (int64_t)tile[0] * width, bs, stride, scale, window, softcap, scores);
+        float *scores = scratch + (int64_t)omp_get_thread_num() * 4 * (max_len + 32);
+        attend_tile(q, out, k_cache, v_cache, hq, group, hkv, d, (int)(r % hkv), tile[1], tile[2], pos,
+                    tables + (int64_t)tile[0] * width, bs, scale, window, softcap, scores, wide);
     }
 }
 
