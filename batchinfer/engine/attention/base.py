@@ -1,7 +1,8 @@
 """The attention backend contract: ragged batches over the paged KV cache.
 
 KV cache layout, per layer: k_cache and v_cache of shape [num_blocks, block_size, num_kv_heads, head_dim].
-Token slot s lives at block s // block_size, offset s % block_size.
+Token slot s lives at block s // block_size, offset s % block_size. A backend owns what is inside a block: the CPU
+kernel keeps its keys transposed there (cpu_backend.py); only the backend that wrote a cache reads it.
 """
 from __future__ import annotations
 
