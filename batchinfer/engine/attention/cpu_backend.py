@@ -20,7 +20,8 @@ from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 
 SOURCE = Path(__file__).with_name("cpu_kernel.c")
-MAX_HEAD_DIM, MAX_ROWS, LANES, SCORE_ROWS, SCORE_PAD = 256, 32, 16, 4, 32  # cpu_kernel.c MAX_ROWS, a vector's keys, its scratch
+MAX_HEAD_DIM, MAX_ROWS = 256, 32  # key vectors copied out of small blocks fit the stack; cpu_kernel.c MAX_ROWS
+LANES, SCORE_ROWS, SCORE_PAD = 16, 4, 32  # keys a vector; paged_attention's scratch, rows x (max_len + pad)
 
 
 @lru_cache(maxsize=1)
