@@ -52,8 +52,11 @@ def test_counts_rise_in_status_and_the_api_while_one_unit_runs(stack, tmp_path):
     admin = json.loads(batchinfer(env, "keys", "create", "--name", "ops", "--admin", "--json").stdout)["key"]
     tenant = json.loads(batchinfer(env, "keys", "create", "--name", "t", "--json").stdout)["key"]
     src = tmp_path / "in.jsonl"
-    # max_tokens 1 to 8: requests of the one unit finish over many engine steps, cheaply (a quiet machine runs it in seconds)
-    src.write_text("\n".join(chat_line(f"r{i}", f"Spell the number {i}.", max_tokens=1 + i % 8) for i in range(N)) + "\n")
+    # max_tokens 3 to 60 in 20 steps on prompts that run long: requests of the one unit finish at 20 points over
+    # about 60 engine steps, so the watch's polls (0.5 s) see the count rise many times even on a fast CPU (a Zen 5
+    # ran the former 1 to 8 in under a second: the watch saw 4 rises); about 5 s there
+    src.write_text("\n".join(chat_line(f"r{i}", f"Write a long story about the number {i}.", max_tokens=3 + (i % 20) * 3)
+                             for i in range(N)) + "\n")
     submitted = batchinfer(env, "submit", str(src))  # no API key: a CLI job, which only an admin key reads
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
