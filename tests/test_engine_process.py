@@ -85,3 +85,26 @@ def test_an_invalid_file_is_reported_as_in_one_process_and_the_engine_process_is
     assert run.returncode == one.returncode == 2
     assert stderr.splitlines()[0] == one.stderr.splitlines()[0] and "Traceback" not in stderr
     assert all(not Path(f"/proc/{pid}").exists() for pid in engines)  # killed and reaped, not left to finish
+
+
+def test_the_engine_process_collects_garbage_again_after_its_load_even_a_failed_one(monkeypatch):
+    """The import and the load run with the cyclic GC off (engine_process._import_and_load); whatever the load
+    does, the engine runs with it on, the loaded objects frozen out of its collections."""
+    import gc
+
+    from batchinfer.runtime import engine_process
+
+    class Gone:  # the parent ended before sending the load: the child's recv raises
+        def recv(self):
+            assert not gc.isenabled(), "the load runs with the GC off"
+            raise EOFError
+
+    monkeypatch.setattr(engine_process, "_needs_torch", lambda: False)
+    try:
+        try:
+            engine_process._import_and_load(Gone())
+        except EOFError:
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
