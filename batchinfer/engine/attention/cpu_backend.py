@@ -21,7 +21,7 @@ from .torch_backend import TorchAttentionBackend
 
 SOURCE = Path(__file__).with_name("cpu_kernel.c")
 MAX_HEAD_DIM, MAX_ROWS = 256, 32  # key vectors copied out of small blocks fit the stack; cpu_kernel.c MAX_ROWS
-LANES, SCORE_ROWS, SCORE_PAD = 16, 4, 32  # keys a vector; paged_attention's scratch, rows x (max_len + pad)
+LANES, SCORE_ROWS, SCORE_PAD = 16, 4, 32  # keys a vector; cpu_kernel.c RG and SCORE_PAD (its scratch)
 
 
 @lru_cache(maxsize=1)
