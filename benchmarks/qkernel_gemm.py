@@ -7,6 +7,7 @@ engine's steps read every layer's weights from memory), not on one copy that sta
 
     python -m benchmarks.qkernel_gemm                                       # this tree's kernel
     python -m benchmarks.qkernel_gemm --so before/qkernel-X.so --so after/qkernel-Y.so --rows 16,620 --cold
+    python -m benchmarks.qkernel_gemm --path vnni --path vnni-mul --cold    # two paths of this tree's kernel
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ SHAPES = [("Q4_K", 3072, 2048), ("Q4_K", 16384, 2048), ("Q4_K", 2048, 8192), ("Q
           ("Q8_0", 2048, 8192)]
 
 
-PATHS = {"avx2": qkernel.AVX2, "vnni": qkernel.VNNI}
+PATHS = {"avx2": qkernel.AVX2, "vnni": qkernel.VNNI, "vnni-mul": qkernel.VNNI_MUL}
 
 
 def kernel_from(so: str | None) -> qkernel.Kernel:
@@ -62,15 +63,18 @@ def main() -> None:
     parser.add_argument("--so", action="append", help="a built kernel library (twice: compare them)")
     parser.add_argument("--rows", default="1,16,620")
     parser.add_argument("--cold", action="store_true", help="weights read from memory, not from the caches")
-    parser.add_argument("--path", choices=sorted(PATHS), help="a slower path than the CPU's best (avx2 on a VNNI CPU)")
+    parser.add_argument("--types", help="block types at down_proj's shape instead (e.g. Q2_K,Q3_K,Q5_K)")
+    parser.add_argument("--path", action="append", choices=sorted(PATHS),
+                        help="another path than the CPU's best (avx2 on a VNNI CPU); twice: compare them")
     args = parser.parse_args()
     torch.set_num_threads(2)
     keep_freed_memory()  # as the engine does: a call's output comes from the heap, not fresh pages
     kernels = [kernel_from(so) for so in (args.so or [None])]
     if args.path:
-        kernels = [dataclasses.replace(kern, path=PATHS[args.path]) for kern in kernels]
+        kernels = [dataclasses.replace(kern, path=PATHS[p]) for kern in kernels for p in args.path]
     print(f"path: {kernels[0].name}")
-    for qtype, n, k in SHAPES:
+    shapes = [(t, 2048, 8192) for t in args.types.split(",")] if args.types else SHAPES
+    for qtype, n, k in shapes:
         raw = random_blocks(qtype, n, k)
         copies = -(-COLD_BYTES // raw.nbytes) if args.cold else 1
         weights = [[packed(kern, qtype, raw, n, k) for _ in range(copies)] for kern in kernels]

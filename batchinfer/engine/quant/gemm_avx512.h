@@ -58,12 +58,14 @@ INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
 }
 
 // K-quants: isb + sc * (the group's dot). Where chunks of two or more vectors have sums that fit int16 (|q| <=
-// 128: Q4_K four, Q5_K two), each chunk's dot is taken times sc by vpdpwssd against (sc, 0) word pairs: 1.07-1.17x
-// on Q4_K against vpmulld on the whole dot (two uops on one port, 10 cycles, every group of every row). Q6_K's
-// chunks would be single vectors: one vpdpwssd each cost more than its one vpmulld (0.96x), so it keeps that.
-INL __m512i scaled_dot(const int t, const __m512i *v, const int8_t *x, __m512i sc, __m512i isb) {
+// 128: Q4_K four, Q5_K two), each chunk's dot is taken times sc by vpdpwssd against (sc, 0) word pairs: on an
+// Intel Xeon 1.07-1.17x on Q4_K against vpmulld on the whole dot (two uops on one port, 10 cycles, every group of
+// every row). Zen 4's vpmulld is one pipelined uop: there `mul` (the path VNNI_MUL) takes it, Q4_K 1.05-1.12x and
+// Q5_K 1.27x against the chunks. Q6_K's chunks would be single vectors: one vpdpwssd each cost more than its one
+// vpmulld (0.96x), so it keeps that on both.
+INL __m512i scaled_dot(const int t, const int mul, const __m512i *v, const int8_t *x, __m512i sc, __m512i isb) {
     const int vecs = layout_of(t).vecs, chunk = 32767 / (4 * ((1 << QT[t].bits) - 1) * 128);
-    if (chunk < 2) return _mm512_add_epi32(isb, _mm512_mullo_epi32(group_dot(vecs, v, x), sc));
+    if (chunk < 2 || mul) return _mm512_add_epi32(isb, _mm512_mullo_epi32(group_dot(vecs, v, x), sc));
     const __m512i sc16 = _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF));
     for (int j0 = 0; j0 < vecs; j0 += chunk)
         isb = _mm512_dpwssd_epi32(isb, dot_chain(v, x, j0, j0 + chunk < vecs ? j0 + chunk : vecs), sc16);
@@ -165,7 +167,7 @@ INL void decode_panel(const int t, const uint8_t *panel, int64_t nsb, __m512i *o
 // channels: from zero where s0 is 0, else from the sums of the earlier superblocks that y holds (a float stored
 // and loaded is exact: the same sums in the same order as one pass). `dec`: superblocks s0..s1 decoded
 // (decode_panel), or NULL to decode each group here.
-INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const uint8_t *panel, const __m512i *dec,
+INL void panel_rows(const int t, const int mul, const int R, const act_t *A, int64_t m0, const uint8_t *panel, const __m512i *dec,
                     int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
@@ -187,7 +189,7 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
             const block_scales_t bs = q.kquant ? (block_scales_t){} : block_scales(t, rec);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = A->q + (m0 + r) * K + s * q.sb + g * q.g;
-                if (q.kquant) isb[r] = scaled_dot(t, v, x, sc, isb[r]);
+                if (q.kquant) isb[r] = scaled_dot(t, mul, v, x, sc, isb[r]);
                 else acc[r] = block_step(t, group_dot(L.vecs, v, x), bs, 0, A, m0 + r, s, acc[r]);
             }
         }
@@ -204,22 +206,22 @@ INL void panel_rows(const int t, const int R, const act_t *A, int64_t m0, const 
 
 // Rows m0..m1 of panels p0..p1 in tiles of R, tile by tile across the panels: a tile's activations are read by
 // every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile.
-INL void row_tiles(const int t, const int R, const act_t *A, int64_t m0, int64_t m1, const uint8_t *w, int64_t p0,
+INL void row_tiles(const int t, const int mul, const int R, const act_t *A, int64_t m0, int64_t m1, const uint8_t *w, int64_t p0,
                    int64_t p1, int64_t N, const __m512i *dec, float *y, int64_t ldy) {
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     for (int64_t m = m0; m + R <= m1; m += R)
         for (int64_t p = p0; p < p1; p++)
-            panel_rows(t, R, A, m, w + p * bytes, dec ? dec + (p - p0) * nvec : NULL, 0, nsb, y + p * PANEL, ldy,
+            panel_rows(t, mul, R, A, m, w + p * bytes, dec ? dec + (p - p0) * nvec : NULL, 0, nsb, y + p * PANEL, ldy,
                        panel_cols(N, p));
 }
 
 // Rows m..M of superblocks s0..s1 of one panel, decoded (dec): in tiles of 6, the rest in tiles of 4, 2 and 1.
-INL void decoded_tiles(const int t, const act_t *A, int64_t m, int64_t M, const uint8_t *panel, const __m512i *dec,
+INL void decoded_tiles(const int t, const int mul, const act_t *A, int64_t m, int64_t M, const uint8_t *panel, const __m512i *dec,
                        int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
-    for (; m + DECODED_ROWS <= M; m += DECODED_ROWS) panel_rows(t, DECODED_ROWS, A, m, panel, dec, s0, s1, y, ldy, ncols);
-    if (M - m >= 4) panel_rows(t, 4, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 4;
-    if (M - m >= 2) panel_rows(t, 2, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 2;
-    if (M - m == 1) panel_rows(t, 1, A, m, panel, dec, s0, s1, y, ldy, ncols);
+    for (; m + DECODED_ROWS <= M; m += DECODED_ROWS) panel_rows(t, mul, DECODED_ROWS, A, m, panel, dec, s0, s1, y, ldy, ncols);
+    if (M - m >= 4) panel_rows(t, mul, 4, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 4;
+    if (M - m >= 2) panel_rows(t, mul, 2, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 2;
+    if (M - m == 1) panel_rows(t, mul, 1, A, m, panel, dec, s0, s1, y, ldy, ncols);
 }
 
 // A thread's scratch for decoded panels, kept between calls (OpenMP's threads live on).
@@ -240,7 +242,7 @@ static __m512i *scratch(int64_t vecs) {
 // alternating runs). From RANGE_ROWS, the range's panels are decoded whole (about 1 MiB, in L2) and the tiles of
 // 6 walk them tile by tile (620 rows: 1.0-1.15x against the chunks, which stream every row's activations per
 // panel); the last rows decode as they go.
-INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
+INL void panels_vnni(const int t, const int mul, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
                      float *y, int64_t ldy) {
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     int64_t m = 0;
@@ -251,7 +253,7 @@ INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, i
             for (int64_t s0 = 0; s0 < nsb; s0 += per) {
                 const int64_t s1 = s0 + per < nsb ? s0 + per : nsb;
                 decode_panel(t, w + p * bytes + s0 * layout_of(t).record_bytes, s1 - s0, dec);
-                decoded_tiles(t, A, 0, M, w + p * bytes, dec, s0, s1, y + p * PANEL, ldy, panel_cols(N, p));
+                decoded_tiles(t, mul, A, 0, M, w + p * bytes, dec, s0, s1, y + p * PANEL, ldy, panel_cols(N, p));
             }
         return;
     }
@@ -259,14 +261,14 @@ INL void panels_vnni(const int t, const act_t *A, int64_t M, const uint8_t *w, i
         __m512i *dec = scratch((p1 - p0) * nvec);
         for (int64_t p = p0; p < p1; p++) decode_panel(t, w + p * bytes, nsb, dec + (p - p0) * nvec);
         m = M / DECODED_ROWS * DECODED_ROWS;
-        row_tiles(t, DECODED_ROWS, A, 0, m, w, p0, p1, N, dec, y, ldy);
+        row_tiles(t, mul, DECODED_ROWS, A, 0, m, w, p0, p1, N, dec, y, ldy);
     } else {
         m = M / MAX_ROWS * MAX_ROWS;
-        row_tiles(t, MAX_ROWS, A, 0, m, w, p0, p1, N, NULL, y, ldy);
+        row_tiles(t, mul, MAX_ROWS, A, 0, m, w, p0, p1, N, NULL, y, ldy);
     }
-    if (M - m >= 4) row_tiles(t, 4, A, m, m + 4, w, p0, p1, N, NULL, y, ldy), m += 4;
-    if (M - m >= 2) row_tiles(t, 2, A, m, m + 2, w, p0, p1, N, NULL, y, ldy), m += 2;
-    if (M - m == 1) row_tiles(t, 1, A, m, m + 1, w, p0, p1, N, NULL, y, ldy);
+    if (M - m >= 4) row_tiles(t, mul, 4, A, m, m + 4, w, p0, p1, N, NULL, y, ldy), m += 4;
+    if (M - m >= 2) row_tiles(t, mul, 2, A, m, m + 2, w, p0, p1, N, NULL, y, ldy), m += 2;
+    if (M - m == 1) row_tiles(t, mul, 1, A, m, m + 1, w, p0, p1, N, NULL, y, ldy);
 }
 
 // Panels a range takes: about 1 MiB decoded (half the L2), and ranges a multiple of the threads (static schedule).

@@ -1,7 +1,8 @@
 """The integer kernel (qkernel.c): built once per machine, loaded with its C signatures, and its fastest exact path.
 
 Every path gives the same bits (tests/engine/test_qkernel.py), so the path is a speed choice only: AMX where the
-CPU has amx_int8 and Linux grants the tile state, else AVX-512 VNNI, else AVX2; the scalar reference for tests.
+CPU has amx_int8 and Linux grants the tile state, else AVX-512 VNNI (on AMD's, VNNI_MUL: K-quant scales by vpmulld,
+one pipelined uop there), else AVX2; the scalar reference for tests.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..machine.cpuinfo import cpu_flags
+from ..machine.cpuinfo import cpu_flags, cpu_info
 from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
 
 SOURCE = Path(__file__).with_name("qkernel.c")
@@ -21,8 +22,9 @@ TYPES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K
 SUPER = {name: (256 if name.endswith("_K") else 32) for name in TYPES}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
                "Q5_K": 176, "Q6_K": 210}
-REFERENCE, AVX2, VNNI, AMX = 0, 1, 2, 3
-PATH_NAMES = {REFERENCE: "scalar reference", AVX2: "AVX2", VNNI: "AVX-512 VNNI", AMX: "AMX int8"}
+REFERENCE, AVX2, VNNI, AMX, VNNI_MUL = 0, 1, 2, 3, 4
+PATH_NAMES = {REFERENCE: "scalar reference", AVX2: "AVX2", VNNI: "AVX-512 VNNI", AMX: "AMX int8",
+              VNNI_MUL: "AVX-512 VNNI (vpmulld scales)"}
 VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
 # AMX from this many rows (measured on an AMX Xeon, one thread): below, VNNI's per-row dot products cost less
 # than AMX's decode per call; 32-types scale every block's tile, so they gain later than K-quants
@@ -44,6 +46,11 @@ class Kernel:
     def name(self) -> str:
         return PATH_NAMES[self.path]
 
+    @property
+    def paths(self) -> list[int]:
+        """Every path this CPU runs, the reference first (tests compare them)."""
+        return [REFERENCE, AVX2] + ([VNNI, VNNI_MUL] if self.path > AVX2 else []) + ([AMX] if self.path == AMX else [])
+
 
 def supported() -> bool:
     return cpu_supported(CPU_FLAGS)
@@ -55,18 +62,23 @@ def best_path(lib: ctypes.CDLL) -> int:
         return AVX2
     if "amx_int8" in flags and "amx_tile" in flags and lib.amx_init() == 0:
         return AMX
-    return VNNI
+    return VNNI_MUL if _amd() else VNNI
+
+
+def _amd() -> bool:
+    return cpu_info().get("vendor_id") == "AuthenticAMD"
 
 
 _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
 
 
 def cpu_paths() -> int:
-    """The vector paths this CPU takes, as QK_PATHS bits (qtypes.h): AVX2 alone, or VNNI and AMX where it has them."""
+    """The vector paths this CPU takes, as QK_PATHS bits (qtypes.h): AVX2 alone, or VNNI and AMX or VNNI_MUL where
+    it has them."""
     flags = cpu_flags()
     if not all(f in flags for f in VNNI_FLAGS):
         return 1
-    return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0)
+    return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0) | (8 if _amd() else 0)
 
 
 def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:

@@ -1,12 +1,13 @@
 // The integer kernel over GGUF's block types: repack, de-quantize, quantize activations, and the GEMM
 // y[M, N] = x[M, K] @ W[N, K]^T with W packed (qtypes.h) and x quantized per row (acts.h).
-// Paths, chosen per call: 0 the scalar reference, 1 AVX2, 2 AVX-512 VNNI, 3 AMX; all give the same bits.
+// Paths, chosen per call: 0 the scalar reference, 1 AVX2, 2 AVX-512 VNNI, 3 AMX, 4 VNNI_MUL (VNNI with K-quant
+// scales by vpmulld); all give the same bits.
 // Built with AVX2 flags, in three units compiled side by side (this one, qkernel_avx512.c, qkernel_amx.c); the
 // AVX-512 and AMX code carries its own target, so one library serves every CPU.
 #include <stdlib.h>
 #include "gemm_avx2.h"
 
-extern const gemm_fn GEMM_VNNI[NTYPES], GEMM_AMX[NTYPES];
+extern const gemm_fn GEMM_VNNI[NTYPES], GEMM_AMX[NTYPES], GEMM_VNNI_MUL[NTYPES];
 
 int64_t packed_bytes(int t, int64_t n, int64_t k) { return packed_bytes_of(t, n, k); }
 
@@ -44,14 +45,14 @@ void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32
     uint32_t *pairs = QT[t].kquant ? malloc((size_t)(M * (K / QK) * 8) * sizeof(uint32_t)) : NULL;
     const act_t A = {xq, xd, xs, xbs, K, pairs};
     if (pairs) make_pairs(t, &A, M, pairs);
-    const gemm_fn *table = path == 3 ? GEMM_AMX : path == 2 ? GEMM_VNNI : GEMM_AVX2;
+    const gemm_fn *table = path == 4 ? GEMM_VNNI_MUL : path == 3 ? GEMM_AMX : path == 2 ? GEMM_VNNI : GEMM_AVX2;
     if (path > 0 && !table[t]) path = 0;  // a type this build left out: the reference (kernel.py never asks it)
     if (path == 3)
         for (int64_t m0 = 0; m0 < M; m0 += AMX_CHUNK_ROWS) {
             const act_t sub = rows_from(t, &A, m0);
             GEMM_AMX[t](&sub, M - m0 < AMX_CHUNK_ROWS ? M - m0 : AMX_CHUNK_ROWS, w, N, y + m0 * ldy, ldy, threads);
         }
-    else if (path == 2) GEMM_VNNI[t](&A, M, w, N, y, ldy, threads);
+    else if (path == 2 || path == 4) table[t](&A, M, w, N, y, ldy, threads);
     else if (path == 1) GEMM_AVX2[t](&A, M, w, N, y, ldy, threads);
     else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);
     free(pairs);

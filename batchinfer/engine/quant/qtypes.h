@@ -30,10 +30,11 @@ enum { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, NTYPES };
 #define QK_TYPES ((1 << NTYPES) - 1)
 #endif
 #define BUILT(T, fn) ((QK_TYPES >> (T)) & 1 ? fn : NULL)
-// and the vector paths this build has (-DQK_PATHS=a mask of 1 AVX2, 2 AVX-512 VNNI, 4 AMX; all by default): a
-// model's load builds the paths its CPU runs only (a VNNI CPU: VNNI alone), as gcc's time is most of a first run
+// and the vector paths this build has (-DQK_PATHS=a mask of 1 AVX2, 2 AVX-512 VNNI, 4 AMX, 8 VNNI_MUL; all by
+// default): a model's load builds the paths its CPU runs only (a VNNI CPU: VNNI alone), as gcc's time is most of a
+// first run
 #ifndef QK_PATHS
-#define QK_PATHS 7
+#define QK_PATHS 15
 #endif
 #define BUILT_ON(P, T, fn) ((QK_PATHS >> ((P) - 1)) & 1 ? BUILT(T, fn) : NULL)
 
