@@ -120,3 +120,14 @@ def test_a_build_of_some_types_gives_their_bits_and_refuses_the_others(kernel, t
     some.lib.gemm(TYPES["Q6_K"], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(), acts.bsum.data_ptr(), 33, k,
                   weight.data.ctypes.data, n, y.data_ptr(), n, some.path, 1)
     assert torch.equal(y, packed(kernel, "Q6_K", raw6, n, k)(x))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_rows_apart_are_read_in_place_with_the_bits_of_their_copy(kernel, qtype):
+    """A gated MLP's product is a strided half of gate_up: the projection reads its rows where they are."""
+    n, k = 32, 512
+    weight = packed(kernel, qtype, random_blocks(qtype, n, k, seed=8), n, k)
+    wide = torch.randn(7, 2 * k, generator=torch.Generator().manual_seed(9))
+    half = wide[:, :k]
+    assert not half.is_contiguous()
+    assert torch.equal(weight(half), weight(half.contiguous()))

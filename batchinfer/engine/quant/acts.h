@@ -95,15 +95,15 @@ static void quantize_row_q8_K(const float *x, int64_t K, int8_t *q, float *d, in
     }
 }
 
-// x [M, K] float32 -> the activations of weight type t's scheme (q padded to rows_padded rows of zeros, a
-// multiple of 32).
-static void quantize_rows(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
-                   int32_t *bsum, int threads) {
+// x [M, K] float32, rows ldx floats apart -> the activations of weight type t's scheme (q padded to rows_padded
+// rows of zeros, a multiple of 32).
+static void quantize_rows(int t, const float *x, int64_t ldx, int64_t M, int64_t K, int64_t rows_padded, int8_t *q,
+                          float *d, float *s, int32_t *bsum, int threads) {
     const int kq = QT[t].kquant;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t m = 0; m < M; m++) {
-        if (kq) quantize_row_q8_K(x + m * K, K, q + m * K, d + m * (K / QK), bsum + m * (K / 16));
-        else quantize_row_q8_0(x + m * K, K, q + m * K, d + m * (K / 32), s + m * (K / 32), bsum + m * (K / 32));
+        if (kq) quantize_row_q8_K(x + m * ldx, K, q + m * K, d + m * (K / QK), bsum + m * (K / 16));
+        else quantize_row_q8_0(x + m * ldx, K, q + m * K, d + m * (K / 32), s + m * (K / 32), bsum + m * (K / 32));
     }
     if (rows_padded > M) memset(q + M * K, 0, (size_t)((rows_padded - M) * K));
 }

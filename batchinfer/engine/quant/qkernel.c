@@ -23,9 +23,9 @@ void dequant_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t K, const
 
 void dequant_packed(int t, const uint8_t *w, int64_t N, int64_t K, float *out) { dequant_panels(t, w, N, K, out); }
 
-void quantize_acts(int t, const float *x, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d, float *s,
-                   int32_t *bsum, int threads) {
-    quantize_rows(t, x, M, K, rows_padded, q, d, s, bsum, threads);
+void quantize_acts(int t, const float *x, int64_t ldx, int64_t M, int64_t K, int64_t rows_padded, int8_t *q, float *d,
+                   float *s, int32_t *bsum, int threads) {
+    quantize_rows(t, x, ldx, M, K, rows_padded, q, d, s, bsum, threads);
 }
 
 // AMX rows a call: every panel reads all of its rows' activations, so a call's rows are kept within L2 (256 rows
