@@ -210,6 +210,9 @@ def _import_torch_yielding() -> None:
     """import torch (the long part, beside the parent's start) in a thread of lower priority (Linux's nice is per
     thread): on a busy machine the parent's validation goes first, so an invalid file's error is not delayed by a
     model it will not need; the model itself then loads, and generates, at the process's own priority."""
+    # torch's out-of-tree device plugins (the engine runs on cpu and cuda): their entry points are not scanned
+    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
     def low_priority_import() -> None:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + IMPORT_NICE)
