@@ -73,12 +73,14 @@ _builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkernel-build")
 
 
 def cpu_paths() -> int:
-    """The vector paths this CPU takes, as QK_PATHS bits (qtypes.h): AVX2 alone, or VNNI and AMX or VNNI_MUL where
-    it has them."""
+    """The vector paths this CPU takes, as QK_PATHS bits (qtypes.h): AVX2 alone, VNNI_MUL alone (AMD), or VNNI and
+    AMX where it has them."""
     flags = cpu_flags()
     if not all(f in flags for f in VNNI_FLAGS):
         return 1
-    return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0) | (8 if _amd() else 0)
+    if _amd():
+        return 8
+    return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0)
 
 
 def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:

@@ -25,11 +25,12 @@ const gemm_fn GEMM_VNNI[NTYPES] = {
     BUILT_ON(2, Q6_K, gemm_vnni_Q6_K)
 };
 
+// its own build bit (a model's load on an AMD CPU builds this table alone: each type's code once)
 const gemm_fn GEMM_VNNI_MUL[NTYPES] = {
-    BUILT_ON(2, Q4_0, gemm_vnni_Q4_0), BUILT_ON(2, Q4_1, gemm_vnni_Q4_1), BUILT_ON(2, Q5_0, gemm_vnni_Q5_0),
-    BUILT_ON(2, Q5_1, gemm_vnni_Q5_1), BUILT_ON(2, Q8_0, gemm_vnni_Q8_0), BUILT_ON(2, Q2_K, gemm_vnni_Q2_K),
-    BUILT_ON(2, Q3_K, gemm_vnni_Q3_K), BUILT_ON(4, Q4_K, gemm_vnni_mul_Q4_K), BUILT_ON(4, Q5_K, gemm_vnni_mul_Q5_K),
-    BUILT_ON(2, Q6_K, gemm_vnni_Q6_K)
+    BUILT_ON(4, Q4_0, gemm_vnni_Q4_0), BUILT_ON(4, Q4_1, gemm_vnni_Q4_1), BUILT_ON(4, Q5_0, gemm_vnni_Q5_0),
+    BUILT_ON(4, Q5_1, gemm_vnni_Q5_1), BUILT_ON(4, Q8_0, gemm_vnni_Q8_0), BUILT_ON(4, Q2_K, gemm_vnni_Q2_K),
+    BUILT_ON(4, Q3_K, gemm_vnni_Q3_K), BUILT_ON(4, Q4_K, gemm_vnni_mul_Q4_K), BUILT_ON(4, Q5_K, gemm_vnni_mul_Q5_K),
+    BUILT_ON(4, Q6_K, gemm_vnni_Q6_K)
 };
 
 #pragma GCC pop_options
