@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from batchinfer.engine import EngineConfig, GenerationRequest, LLMEngine, SamplingParams
 from batchinfer.engine.gguf.config import hf_config
 from batchinfer.engine.gguf.reader import GGUFFile
-from batchinfer.engine.gguf.tokenizer import write_tokenizer
+from batchinfer.engine.gguf.tokenizer import tokenizer_metadata, write_tokenizer
 from batchinfer.engine.layers.rope import inverse_frequencies
 from batchinfer.engine.loading.light_loader import LightTokenizer
 from batchinfer.engine.loading.loader import load_model
@@ -191,6 +191,28 @@ def test_the_tokenizer_from_metadata_encodes_as_transformers_reads_the_file(arch
         assert ours.encode(text) == theirs.encode(text), text
         assert ours.encode(text, add_special_tokens=False) == theirs.encode(text, add_special_tokens=False), text
         assert ours.decode(ours.encode(text, add_special_tokens=False)) == theirs.decode(theirs.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(("arch", "model", "add_bos"), [("llama", "llama", None), ("gemma3", "llama", None),
+                                                       ("llama", "llama", False), ("qwen2", "gpt2", True), ("smollm2", "", None)])
+def test_the_tokenizer_metadata_is_what_transformers_reads(arch, model, add_bos, tmp_path):
+    """write_tokenizer reads the metadata itself (transformers' reader imports torch) and hands it to transformers'
+    converter: the same dictionaries as transformers' get_gguf_tokenizer, on vocab-only files and SmolLM2's."""
+    from transformers.integrations.gguf import get_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING
+
+    from batchinfer.engine.loading.loader import default_model_path
+
+    if arch == "smollm2":
+        path = default_model_path()
+    else:
+        folder = build_family_checkpoint("llama", tmp_path / "tiny") if model == "gpt2" else None
+        path = write_vocab_only(tmp_path / f"{arch}.gguf", arch, model, folder, add_bos)
+    plain = lambda d: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in d.items()}  # noqa: E731
+    ours, theirs = tokenizer_metadata(GGUFFile(path), GGUF_TOKENIZER_MAPPING), get_gguf_tokenizer(str(path))
+    assert ours[0] == theirs[0]
+    assert plain(ours[1]) == plain(theirs[1])
+    assert ours[2] == theirs[2]
 
 
 def test_a_phi3_longrope_file_is_refused_in_one_line(tmp_path):
