@@ -67,6 +67,10 @@ class LLMEngine:
         config = config or EngineConfig()
         if config.cache_dir is None:  # the model cache also keeps what the engine measures of this machine
             config = replace(config, cache_dir=str(cache_dir))
+        if config.device == "cpu" and config.attention_backend in ("auto", "cpu"):
+            from .attention.cpu_backend import start_attention_build  # lazy: a CPU engine's only
+
+            start_attention_build(config.cache_dir)  # gcc beside the model's load where it must build
         return cls(load_model_light(model_path, cache_dir, config.torch_dtype, config.weight_format), config)
 
     # the request API -------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ once per model). A block_size that is not a multiple of 16 works, slower, with t
 from __future__ import annotations
 
 import ctypes
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from ..machine.native_build import build_library
+from ..machine.native_build import built_library
 from .base import AttentionBackend, AttentionMetadata
 from .torch_backend import TorchAttentionBackend
 
@@ -24,9 +25,19 @@ MAX_HEAD_DIM, MAX_ROWS = 256, 32  # key vectors copied out of small blocks fit t
 LANES, SCORE_ROWS, SCORE_PAD = 16, 4, 32  # keys a vector; cpu_kernel.c RG and SCORE_PAD (its scratch)
 
 
+_builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attention-build")
+
+
+@lru_cache(maxsize=4)
+def start_attention_build(cache_dir: str) -> Future:
+    """The kernel compiled in the background (a first run's gcc beside the model's load, not after it: 1.2 s of
+    its critical path on a Zen 4); load_attention_kernel takes the result, NativeKernelUnavailable included."""
+    return _builds.submit(built_library, SOURCE, cache_dir, "CPU attention kernel")
+
+
 @lru_cache(maxsize=1)
 def load_attention_kernel(cache_dir: str) -> ctypes.CDLL:
-    lib = build_library(SOURCE, cache_dir, "CPU attention kernel")
+    lib = ctypes.CDLL(str(start_attention_build(cache_dir).result()))  # torch (its libgomp) is loaded: our import
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     lib.paged_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i32, i32, i32, ptr, ptr, i64, ptr, i64, i32,
                                     f32, i64, f32, ptr, i64, i32, i32]
