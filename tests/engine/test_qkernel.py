@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from batchinfer.engine.quant.kernel import BLOCK_BYTES, REFERENCE, SUPER, TYPES, load_kernel
+from batchinfer.engine.quant.kernel import BLOCK_BYTES, REFERENCE, SUPER, TYPES, load_kernel, load_packer
 from batchinfer.engine.quant.packed import PackedWeight, dequantize_rows, packed_size, quantize, repack
 from benchmarks.support.qblocks import packed, random_blocks
 
@@ -131,3 +131,16 @@ def test_rows_apart_are_read_in_place_with_the_bits_of_their_copy(kernel, qtype)
     half = wide[:, :k]
     assert not half.is_contiguous()
     assert torch.equal(weight(half), weight(half.contiguous()))
+
+
+def test_the_repack_library_packs_the_kernels_bytes(kernel, tmp_path):
+    """A first load repacks with qrepack.c's library while the kernel compiles: the same bytes as the kernel's."""
+    packer = load_packer(str(tmp_path))
+    for qtype in ("Q4_K", "Q6_K", "Q8_0"):
+        raw = random_blocks(qtype, 40, 512, seed=11)
+        size = packed_size(kernel, qtype, 40, 512)
+        assert packed_size(packer, qtype, 40, 512) == size
+        ours, theirs = np.zeros(size, np.uint8), np.ones(size, np.uint8)
+        repack(kernel, qtype, raw, 40, 512, ours)
+        repack(packer, qtype, raw, 40, 512, theirs)
+        assert np.array_equal(ours, theirs), qtype

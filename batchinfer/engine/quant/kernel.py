@@ -17,6 +17,7 @@ from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_lib
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it
+REPACK_SOURCE = SOURCE.with_name("qrepack.c")
 # the kernel's type numbers (qtypes.h), by GGML's names; SUPER: weights per (super-)block along K
 TYPES = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8, "Q6_K": 9}
 SUPER = {name: (256 if name.endswith("_K") else 32) for name in TYPES}
@@ -100,16 +101,44 @@ def load_kernel(cache_dir: str, types: frozenset[str] | None = None) -> Kernel:
 
     if not supported():
         raise NativeKernelUnavailable(f"the integer kernel needs a CPU with {', '.join(CPU_FLAGS)}")
-    lib = ctypes.CDLL(str(start_build(cache_dir, types).result()))
+    lib = _with_repack(ctypes.CDLL(str(start_build(cache_dir, types).result())))
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.repack.argtypes = [c_int, ptr, i64, i64, i64, ptr, ptr, c_int]
     lib.dequant_rows.argtypes = [c_int, ptr, i64, i64, ptr, i64, ptr, c_int]
     lib.dequant_packed.argtypes = [c_int, ptr, i64, i64, ptr]
     lib.quantize_acts.argtypes = [c_int, ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, c_int]
     lib.gemm.argtypes = [c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, c_int, c_int]
-    lib.packed_bytes.argtypes = [c_int, i64, i64]
-    lib.packed_bytes.restype = i64
     lib.amx_init.restype = c_int
-    for name in ("repack", "dequant_rows", "dequant_packed", "quantize_acts", "gemm"):
+    for name in ("dequant_rows", "dequant_packed", "quantize_acts", "gemm"):
         getattr(lib, name).restype = None
     return Kernel(lib, best_path(lib), types or frozenset(TYPES))
+
+
+@dataclass(frozen=True)
+class Packer:
+    """The repack alone (qrepack.c, built in 0.4 s): a model's first load repacks the GGUF with it while the
+    kernel's GEMMs compile (3-4 s of gcc); packed.py's packed_size and repack take it or a Kernel."""
+    lib: ctypes.CDLL
+
+
+_packer_builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qrepack-build")
+
+
+@lru_cache(maxsize=4)
+def start_packer_build(cache_dir: str) -> Future:
+    return _packer_builds.submit(built_library, REPACK_SOURCE, cache_dir, "integer kernel's repack")
+
+
+@lru_cache(maxsize=4)
+def load_packer(cache_dir: str) -> Packer:
+    import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
+
+    return Packer(_with_repack(ctypes.CDLL(str(start_packer_build(cache_dir).result()))))
+
+
+def _with_repack(lib: ctypes.CDLL) -> ctypes.CDLL:
+    ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.repack.argtypes = [c_int, ptr, i64, i64, i64, ptr, ptr, c_int]
+    lib.repack.restype = None
+    lib.packed_bytes.argtypes = [c_int, i64, i64]
+    lib.packed_bytes.restype = i64
+    return lib

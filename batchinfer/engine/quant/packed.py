@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .kernel import SUPER, TYPES, Kernel
+from .kernel import SUPER, TYPES, Kernel, Packer
 
 PANEL = 16
 
@@ -95,11 +95,11 @@ class StackedWeight:
         return out.view(*shape[:-1], self.n).to(dtype)
 
 
-def packed_size(kernel: Kernel, qtype: str, n: int, k: int) -> int:
+def packed_size(kernel: Kernel | Packer, qtype: str, n: int, k: int) -> int:
     return int(kernel.lib.packed_bytes(TYPES[qtype], n, k))
 
 
-def repack(kernel: Kernel, qtype: str, raw: np.ndarray, n: int, k: int, out: np.ndarray,
+def repack(kernel: Kernel | Packer, qtype: str, raw: np.ndarray, n: int, k: int, out: np.ndarray,
            rows: np.ndarray | None = None) -> None:
     """raw: the GGUF tensor's bytes [n rows of k / block weights] -> out (packed_size bytes); output row i is raw
     row rows[i] where rows is given."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .kernel import Kernel
+from .kernel import Kernel, Packer
 from .packed import PackedWeight, packed_size, repack
 
 VERSION = 2  # 2: K-quant scales packed as the file packs them (bump the cache keys that name it)
@@ -40,8 +40,7 @@ class Source:
 
 def packed_weights(sources: list[Source], kernel: Kernel, path: Path) -> dict[str, PackedWeight]:
     """Tensor name -> its packed weight, mapped from `path` (built first if missing)."""
-    if not path.exists():
-        build(sources, kernel, path)
+    write_packed(sources, kernel, path)
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     data = np.frombuffer(mapped, dtype=np.uint8)
@@ -57,7 +56,13 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def build(sources: list[Source], kernel: Kernel, path: Path) -> None:
+def write_packed(sources: list[Source], packer: Kernel | Packer, path: Path) -> None:
+    """The packed file at `path`, built if missing (by the kernel, or by a Packer while the kernel compiles)."""
+    if not path.exists():
+        build(sources, packer, path)
+
+
+def build(sources: list[Source], kernel: Kernel | Packer, path: Path) -> None:
     sizes = {s.name: packed_size(kernel, s.qtype, s.n, s.k) for s in sources}
     widest = {s.name: [s.qtype, s.n, s.k, 10 ** 15, sizes[s.name]] for s in sources}  # no offset is longer
     offset = _aligned(8 + len(json.dumps(widest | {"__version__": VERSION})))
