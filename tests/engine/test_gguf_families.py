@@ -194,7 +194,8 @@ def test_the_tokenizer_from_metadata_encodes_as_transformers_reads_the_file(arch
 
 
 @pytest.mark.parametrize(("arch", "model", "add_bos"), [("llama", "llama", None), ("gemma3", "llama", None),
-                                                       ("llama", "llama", False), ("qwen2", "gpt2", True), ("smollm2", "", None)])
+                                                       ("llama", "llama", False), ("qwen2", "gpt2", True),
+                                                       ("smollm2", "", None)])
 def test_the_tokenizer_metadata_is_what_transformers_reads(arch, model, add_bos, tmp_path):
     """write_tokenizer reads the metadata itself (transformers' reader imports torch) and hands it to transformers'
     converter: the same dictionaries as transformers' get_gguf_tokenizer, on vocab-only files and SmolLM2's."""

@@ -1,7 +1,7 @@
 """The integer kernel (engine/quant/) on every GGUF block type it reads, on small random tensors:
 its de-quantization against gguf's numpy dequantize bit for bit, the packed layout losing nothing, every path
-(scalar reference, AVX2, AVX-512 VNNI and its vpmulld twin, AMX) giving the same bits at every row count, and its dot products against
-a float64 reference of the quantized arithmetic."""
+(scalar reference, AVX2, AVX-512 VNNI, its vpmulld twin, AMX) giving the same bits at every row count, and its dot
+products against a float64 reference of the quantized arithmetic."""
 from __future__ import annotations
 
 import numpy as np

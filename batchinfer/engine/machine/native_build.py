@@ -1,11 +1,10 @@
-"""Compile one of the engine's C kernels once per machine and source, cache the shared library, load it.
+"""Compile one of the engine's C kernels once per machine and source, and cache the shared library.
 
 A plain C file with no torch headers builds in under a second with gcc. Its OpenMP calls go to the libgomp
 torch already loaded (the same soname), so its threads are torch's threads, not a second pool.
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import shutil
@@ -34,19 +33,12 @@ def avx512_supported() -> bool:
     return cpu_supported(AVX512_CPU_FLAGS)
 
 
-def build_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
-                  extra: tuple[str, ...] = (), units: tuple[Path, ...] = ()) -> ctypes.CDLL:
-    """The library of `source`, built into cache_dir/kernels the first time (keyed by source, the headers beside
-    it and the flags)."""
-    import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
-
-    return ctypes.CDLL(str(built_library(source, cache_dir, what, isa, extra, units)))
-
-
 def built_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
                   extra: tuple[str, ...] = (), units: tuple[Path, ...] = ()) -> Path:
-    """build_library's file, compiled if needed but not loaded (safe in a thread beside other work). `units`:
-    more C files linked in, each compiled in its own gcc beside the others (the cores share a long build)."""
+    """The library of `source`, built into cache_dir/kernels the first time (keyed by source, the headers beside
+    it and the flags), not loaded: safe in a thread beside other work; the caller loads it with ctypes after
+    importing torch (its libgomp must be loaded before ours resolves it). `units`: more C files linked in, each
+    compiled in its own gcc beside the others (the cores share a long build)."""
     needed = AVX512_CPU_FLAGS if isa == AVX512 else CPU_FLAGS
     if not cpu_supported(needed):
         raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(needed)}")

@@ -60,8 +60,8 @@ INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
 // K-quants: isb + sc * (the group's dot). Where chunks of two or more vectors have sums that fit int16 (|q| <=
 // 128: Q4_K four, Q5_K two), each chunk's dot is taken times sc by vpdpwssd against (sc, 0) word pairs: on an
 // Intel Xeon 1.07-1.17x on Q4_K against vpmulld on the whole dot (two uops on one port, 10 cycles, every group of
-// every row). Zen 4's vpmulld is one pipelined uop: there `mul` (the path VNNI_MUL) takes it, Q4_K 1.05-1.12x and
-// Q5_K 1.27x against the chunks. Q6_K's chunks would be single vectors: one vpdpwssd each cost more than its one
+// every row). Zen 4's vpmulld is one pipelined uop: there `mul` (the path VNNI_MUL) takes it, Q4_K 1.05-1.15x and
+// Q5_K 1.17-1.31x against the chunks. Q6_K's chunks would be single vectors: one vpdpwssd each cost more than its one
 // vpmulld (0.96x), so it keeps that on both.
 INL __m512i scaled_dot(const int t, const int mul, const __m512i *v, const int8_t *x, __m512i sc, __m512i isb) {
     const int vecs = layout_of(t).vecs, chunk = 32767 / (4 * ((1 << QT[t].bits) - 1) * 128);
@@ -167,8 +167,8 @@ INL void decode_panel(const int t, const uint8_t *panel, int64_t nsb, __m512i *o
 // channels: from zero where s0 is 0, else from the sums of the earlier superblocks that y holds (a float stored
 // and loaded is exact: the same sums in the same order as one pass). `dec`: superblocks s0..s1 decoded
 // (decode_panel), or NULL to decode each group here.
-INL void panel_rows(const int t, const int mul, const int R, const act_t *A, int64_t m0, const uint8_t *panel, const __m512i *dec,
-                    int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
+INL void panel_rows(const int t, const int mul, const int R, const act_t *A, int64_t m0, const uint8_t *panel,
+                    const __m512i *dec, int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     const int64_t K = A->K;
@@ -206,8 +206,8 @@ INL void panel_rows(const int t, const int mul, const int R, const act_t *A, int
 
 // Rows m0..m1 of panels p0..p1 in tiles of R, tile by tile across the panels: a tile's activations are read by
 // every panel of the range from L1, and the range's weights (sized to L2 by the caller) by every tile.
-INL void row_tiles(const int t, const int mul, const int R, const act_t *A, int64_t m0, int64_t m1, const uint8_t *w, int64_t p0,
-                   int64_t p1, int64_t N, const __m512i *dec, float *y, int64_t ldy) {
+INL void row_tiles(const int t, const int mul, const int R, const act_t *A, int64_t m0, int64_t m1, const uint8_t *w,
+                   int64_t p0, int64_t p1, int64_t N, const __m512i *dec, float *y, int64_t ldy) {
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     for (int64_t m = m0; m + R <= m1; m += R)
         for (int64_t p = p0; p < p1; p++)
@@ -216,9 +216,10 @@ INL void row_tiles(const int t, const int mul, const int R, const act_t *A, int6
 }
 
 // Rows m..M of superblocks s0..s1 of one panel, decoded (dec): in tiles of 6, the rest in tiles of 4, 2 and 1.
-INL void decoded_tiles(const int t, const int mul, const act_t *A, int64_t m, int64_t M, const uint8_t *panel, const __m512i *dec,
-                       int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
-    for (; m + DECODED_ROWS <= M; m += DECODED_ROWS) panel_rows(t, mul, DECODED_ROWS, A, m, panel, dec, s0, s1, y, ldy, ncols);
+INL void decoded_tiles(const int t, const int mul, const act_t *A, int64_t m, int64_t M, const uint8_t *panel,
+                       const __m512i *dec, int64_t s0, int64_t s1, float *y, int64_t ldy, int ncols) {
+    for (; m + DECODED_ROWS <= M; m += DECODED_ROWS)
+        panel_rows(t, mul, DECODED_ROWS, A, m, panel, dec, s0, s1, y, ldy, ncols);
     if (M - m >= 4) panel_rows(t, mul, 4, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 4;
     if (M - m >= 2) panel_rows(t, mul, 2, A, m, panel, dec, s0, s1, y, ldy, ncols), m += 2;
     if (M - m == 1) panel_rows(t, mul, 1, A, m, panel, dec, s0, s1, y, ldy, ncols);
@@ -242,8 +243,8 @@ static __m512i *scratch(int64_t vecs) {
 // alternating runs). From RANGE_ROWS, the range's panels are decoded whole (about 1 MiB, in L2) and the tiles of
 // 6 walk them tile by tile (620 rows: 1.0-1.15x against the chunks, which stream every row's activations per
 // panel); the last rows decode as they go.
-INL void panels_vnni(const int t, const int mul, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1, int64_t N,
-                     float *y, int64_t ldy) {
+INL void panels_vnni(const int t, const int mul, const act_t *A, int64_t M, const uint8_t *w, int64_t p0, int64_t p1,
+                     int64_t N, float *y, int64_t ldy) {
     const int64_t nsb = A->K / QT[t].sb, bytes = nsb * layout_of(t).record_bytes, nvec = nsb * decoded_vecs(t);
     int64_t m = 0;
     if (M >= 4 * DECODED_ROWS && M < RANGE_ROWS) {

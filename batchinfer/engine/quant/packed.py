@@ -36,8 +36,8 @@ def quantize(kernel: Kernel, qtype: str, x: torch.Tensor, threads: int | None = 
     d = torch.empty(m, k // sb, dtype=torch.float32)
     s = torch.empty(m, k // 32 if sb == 32 else 1, dtype=torch.float32)
     bsum = torch.empty(m, k // (32 if sb == 32 else 16), dtype=torch.int32)
-    kernel.lib.quantize_acts(TYPES[qtype], x.data_ptr(), x.stride(0), m, k, padded, q.data_ptr(), d.data_ptr(), s.data_ptr(),
-                             bsum.data_ptr(), threads or torch.get_num_threads())
+    kernel.lib.quantize_acts(TYPES[qtype], x.data_ptr(), x.stride(0), m, k, padded, q.data_ptr(), d.data_ptr(),
+                             s.data_ptr(), bsum.data_ptr(), threads or torch.get_num_threads())
     return Acts(q, d, s, bsum, m)
 
 
@@ -78,7 +78,8 @@ class StackedWeight:
         """A decode step calls this a few hundred times on a few rows: the Python around the kernel is kept short
         (the output's columns by pointer, no views; one thread count)."""
         dtype, shape = x.dtype, x.shape
-        if x.dim() != 2 or dtype != torch.float32 or x.stride(1) != 1:  # rows apart (a gated half of gate_up): read as is
+        # rows apart (a gated half of gate_up) are read where they are
+        if x.dim() != 2 or dtype != torch.float32 or x.stride(1) != 1:
             x = x.reshape(-1, shape[-1]).to(torch.float32).contiguous()
         out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
         threads, ptr, ldy = torch.get_num_threads(), out.data_ptr(), self.n
