@@ -73,21 +73,28 @@ static inline float hmax8(__m256 v) {  // a max is exact in any order
     return _mm_cvtss_f32(s);
 }
 
+// Cephes' expf after the clamp and n = floor(x log2(e) + 1/2): r = x - n ln2 in two steps, y = p(r). One definition
+// for both widths (P: the intrinsics' prefix), so exp8 and the AVX-512 exp stay the same bits lane by lane.
+#define EXP_POLY(P, x, n, y) do {                                              \
+    x = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                        \
+    x = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), x);                     \
+    y = P##_set1_ps(1.9875691500e-4f);                                         \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(1.3981999507e-3f));                     \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(8.3334519073e-3f));                     \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(4.1665795894e-2f));                     \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(1.6666665459e-1f));                     \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(5.0000001201e-1f));                     \
+    y = P##_fmadd_ps(y, P##_mul_ps(x, x), P##_add_ps(x, P##_set1_ps(1.0f)));  \
+} while (0)
+
 // exp(x) for x <= 0 (a softmax's scores minus their max), Cephes' expf: x = n ln2 + r, 2^n * p(r). Within 2 ulp
 // of expf; below -87.3 (and -inf, the keys a row does not see) it is exactly 0.
 static inline __m256 exp8(__m256 x) {
     const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
     x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
     const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256 y;
+    EXP_POLY(_mm256, x, n, y);
     const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)));
 }
@@ -153,20 +160,13 @@ V5(sub)(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
 V5(div)(__m512 a, __m512 b) { return _mm512_div_ps(a, b); }
 V5(max)(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
 V5(fma)(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-V5(exp)(__m512 x) {  // exp8's steps, lane by lane the same bits (on the halves through exp8: 0.90-0.94x)
+V5(exp)(__m512 x) {  // exp8 in one register (through exp8 on the halves: 0.90-0.94x)
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
     const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512 y;
+    EXP_POLY(_mm512, x, n, y);
     const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_maskz_mul_ps((__mmask16)~under, y, _mm512_castsi512_ps(pow2n));
 }
