@@ -18,19 +18,14 @@ VNNI_TYPE(Q5_1, 0, gemm_vnni_Q5_1) VNNI_TYPE(Q8_0, 0, gemm_vnni_Q8_0) VNNI_TYPE(
 VNNI_TYPE(Q3_K, 0, gemm_vnni_Q3_K) VNNI_TYPE(Q4_K, 0, gemm_vnni_Q4_K) VNNI_TYPE(Q5_K, 0, gemm_vnni_Q5_K)
 VNNI_TYPE(Q6_K, 0, gemm_vnni_Q6_K) VNNI_TYPE(Q4_K, 1, gemm_vnni_mul_Q4_K) VNNI_TYPE(Q5_K, 1, gemm_vnni_mul_Q5_K)
 
-const gemm_fn GEMM_VNNI[NTYPES] = {
-    BUILT_ON(2, Q4_0, gemm_vnni_Q4_0), BUILT_ON(2, Q4_1, gemm_vnni_Q4_1), BUILT_ON(2, Q5_0, gemm_vnni_Q5_0),
-    BUILT_ON(2, Q5_1, gemm_vnni_Q5_1), BUILT_ON(2, Q8_0, gemm_vnni_Q8_0), BUILT_ON(2, Q2_K, gemm_vnni_Q2_K),
-    BUILT_ON(2, Q3_K, gemm_vnni_Q3_K), BUILT_ON(2, Q4_K, gemm_vnni_Q4_K), BUILT_ON(2, Q5_K, gemm_vnni_Q5_K),
-    BUILT_ON(2, Q6_K, gemm_vnni_Q6_K)
-};
-
-// its own build bit (a model's load on an AMD CPU builds this table alone: each type's code once)
-const gemm_fn GEMM_VNNI_MUL[NTYPES] = {
-    BUILT_ON(4, Q4_0, gemm_vnni_Q4_0), BUILT_ON(4, Q4_1, gemm_vnni_Q4_1), BUILT_ON(4, Q5_0, gemm_vnni_Q5_0),
-    BUILT_ON(4, Q5_1, gemm_vnni_Q5_1), BUILT_ON(4, Q8_0, gemm_vnni_Q8_0), BUILT_ON(4, Q2_K, gemm_vnni_Q2_K),
-    BUILT_ON(4, Q3_K, gemm_vnni_Q3_K), BUILT_ON(4, Q4_K, gemm_vnni_mul_Q4_K), BUILT_ON(4, Q5_K, gemm_vnni_mul_Q5_K),
-    BUILT_ON(4, Q6_K, gemm_vnni_Q6_K)
-};
+// A path's table on its build bit P (a model's load on an AMD CPU builds VNNI_MUL's alone: each type's code once).
+#define VNNI_TABLE(P, Q4K, Q5K) {                                                                                  \
+    BUILT_ON(P, Q4_0, gemm_vnni_Q4_0), BUILT_ON(P, Q4_1, gemm_vnni_Q4_1), BUILT_ON(P, Q5_0, gemm_vnni_Q5_0),     \
+    BUILT_ON(P, Q5_1, gemm_vnni_Q5_1), BUILT_ON(P, Q8_0, gemm_vnni_Q8_0), BUILT_ON(P, Q2_K, gemm_vnni_Q2_K),     \
+    BUILT_ON(P, Q3_K, gemm_vnni_Q3_K), BUILT_ON(P, Q4_K, Q4K), BUILT_ON(P, Q5_K, Q5K),                           \
+    BUILT_ON(P, Q6_K, gemm_vnni_Q6_K)                                                                            \
+}
+const gemm_fn GEMM_VNNI[NTYPES] = VNNI_TABLE(2, gemm_vnni_Q4_K, gemm_vnni_Q5_K);
+const gemm_fn GEMM_VNNI_MUL[NTYPES] = VNNI_TABLE(4, gemm_vnni_mul_Q4_K, gemm_vnni_mul_Q5_K);
 
 #pragma GCC pop_options
