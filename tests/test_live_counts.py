@@ -43,6 +43,25 @@ def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_
     assert outcome.committed and _shown(ctx, job.id) == (3, tokens) == (service.get(ctx, job.id).completed, tokens)
 
 
+def test_a_chunk_committed_between_reading_a_job_and_its_live_rows_counts_once(make_context, generator):
+    """A chunk's commit moves requests from the live rows into the job's counts. A job read before it and live rows
+    read after it once showed 0 where 54 had been (CI): the counts shown are read in one statement."""
+    ctx = make_context()
+    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)])
+    (unit,) = dispatch(ctx)
+    started = units.start_unit(ctx, unit.unit_id, "w1")
+    assert started is not None
+    requests = unit_runner._load_requests(ctx, unit.unit_id, started.to_run)
+    watch = UnitWatch(ctx, unit.unit_id, started.attempt, [r for r, _ in requests])
+    records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
+    watch._flush()
+    before = service.get(ctx, job.id)  # what the API or `status` read first
+    assert before.completed == 0 and with_live(ctx, [before])[0].completed == 3
+    assert watch._commit_chunk(0, "units/chunk-0.jsonl", records) == 3  # all three leave the live rows
+    assert service.get(ctx, job.id).completed == 3
+    assert with_live(ctx, [before])[0].completed == 3  # neither 0 (dropped) nor 6 (twice)
+
+
 def test_a_units_run_records_its_measured_rates_for_the_estimate(make_context, generator):
     ctx = make_context()
     assert engine_rates.measured(ctx, ctx.settings.model_id).source.startswith("assumed")

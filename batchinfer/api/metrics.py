@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, ServiceOutage, UnitStatus, WorkUnit
-from batchinfer.jobs.units.live import live_total
+from batchinfer.jobs.units.live import all_counts
 from batchinfer.jobs.views.backlog import Backlog, model_backlogs
 from batchinfer.jobs.faults import SERVICES
 from batchinfer.jobs.outage import current
@@ -47,14 +47,9 @@ class _JobCollector:
             by_status: dict[str, int] = {}
             for _, status, count in by_model:
                 by_status[status] = by_status.get(status, 0) + count
-            committed = session.execute(select(func.coalesce(func.sum(Job.completed), 0), func.coalesce(func.sum(Job.failed), 0),
-                                          func.coalesce(func.sum(Job.prompt_tokens), 0),
-                                          func.coalesce(func.sum(Job.cached_tokens), 0),
-                                          func.coalesce(func.sum(Job.completion_tokens), 0))).one()
-            live = live_total(session)  # what running units finished since their last commit
+            counts = all_counts(session)  # committed, and what running units finished since their last commit
             backlogs = model_backlogs(session)
-        sums = (committed[0] + live.completed, committed[1] + live.failed, committed[2] + live.prompt_tokens,
-                committed[3] + live.cached_tokens, committed[4] + live.completion_tokens)
+        sums = (counts.completed, counts.failed, counts.prompt_tokens, counts.cached_tokens, counts.completion_tokens)
         batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
         for status, count in by_status.items():
             batches.add_metric([str(status)], count)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import cast
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 
 from batchinfer.context import AppContext
 from batchinfer.db.models import Job, JobStatus, Request, UnitProgress, UnitStatus, WorkUnit
@@ -17,24 +17,33 @@ from batchinfer.jobs.records import COUNTERS, Counts
 from batchinfer.jobs import outage
 
 
-def _sums(*columns):
+def _live_sums(*columns):
     p = UnitProgress
-    return (select(*columns, *(func.sum(getattr(p, name)) for name in COUNTERS))
+    return (select(*columns, *(func.sum(getattr(p, name)).label(name) for name in COUNTERS))
             .join(WorkUnit, WorkUnit.id == p.unit_id)
             .where(WorkUnit.status == UnitStatus.RUNNING, WorkUnit.attempts == p.attempt))
 
 
 def live_counts(session, job_ids: list[str]) -> dict[str, Counts]:
-    """Per job, what its running units finished and have not committed yet (absent: nothing)."""
+    """Per job, its committed counts plus what its running units finished and have not committed yet, in one
+    statement: one snapshot. Read apart, a chunk's commit between the two reads would drop its requests from
+    both (the job read before it, the live rows after) or count them twice."""
     if not job_ids:
         return {}
-    query = _sums(UnitProgress.job_id).where(UnitProgress.job_id.in_(job_ids)).group_by(UnitProgress.job_id)
-    return {job_id: Counts(*(int(v or 0) for v in rest)) for job_id, *rest in session.execute(query)}
+    live = _live_sums(UnitProgress.job_id).where(UnitProgress.job_id.in_(job_ids)).group_by(UnitProgress.job_id).subquery()
+    query = (select(Job.id, *(func.coalesce(getattr(Job, n), 0) + func.coalesce(getattr(live.c, n), 0) for n in COUNTERS))
+             .outerjoin(live, live.c.job_id == Job.id).where(Job.id.in_(job_ids)))
+    return {job_id: Counts(*(int(v) for v in rest)) for job_id, *rest in session.execute(query)}
 
 
-def live_total(session) -> Counts:
-    """What every running unit finished and has not committed yet (for /metrics)."""
-    return Counts(*(int(v or 0) for v in session.execute(_sums()).one()))
+def all_counts(session) -> Counts:
+    """Every job's committed counts plus what running units finished since their last commit (for /metrics),
+    in one statement for the same reason."""
+    committed = select(*(func.coalesce(func.sum(getattr(Job, n)), 0) for n in COUNTERS)).subquery()
+    live = _live_sums().subquery()
+    query = (select(*(committed.c[i] + func.coalesce(live.c[n], 0) for i, n in enumerate(COUNTERS)))
+             .select_from(committed).join(live, true()))  # one row each
+    return Counts(*(int(v) for v in session.execute(query).one()))
 
 
 def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
@@ -44,7 +53,7 @@ def with_live(ctx: AppContext, jobs: list[Job]) -> list[Job]:
     if running:
         with ctx.sessions() as session:
             live = live_counts(session, running)
-        jobs = [_plus(job, live[job.id]) if job.id in live else job for job in jobs]
+        jobs = [_counted(job, live[job.id]) if job.id in live else job for job in jobs]
     return with_waiting(ctx, jobs)
 
 
@@ -79,8 +88,8 @@ def _copy(job: Job):
     return SimpleNamespace(**{c.key: getattr(job, c.key) for c in Job.__mapper__.column_attrs})
 
 
-def _plus(job: Job, live: Counts) -> Job:
+def _counted(job: Job, counts: Counts) -> Job:
     shown = cast(Job, _copy(job))
     for name in COUNTERS:
-        setattr(shown, name, (getattr(job, name) or 0) + getattr(live, name))
+        setattr(shown, name, getattr(counts, name))
     return shown
