@@ -74,15 +74,19 @@ def test_every_path_and_row_count_gives_the_same_bits(kernel, qtype):
     rows = 300  # past one AMX call's 256 rows
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(4))
     acts = quantize(kernel, qtype, x)
-    outs = {}
-    for path in kernel.paths:
+
+    def gemm(path: int, rows: int) -> torch.Tensor:
         y = torch.full((rows, n + 3), float("nan"))  # rows 3 wider than n: ldy != n, and nothing past n written
         kernel.lib.gemm(TYPES[qtype], acts.q.data_ptr(), acts.d.data_ptr(), acts.s.data_ptr(), acts.bsum.data_ptr(),
                         rows, k, weight.data.ctypes.data, n, y.data_ptr(), n + 3, path, 2)
         assert torch.isnan(y[:, n:]).all()
-        outs[path] = y[:, :n]
+        return y[:, :n]
+
+    outs = {path: gemm(path, rows) for path in kernel.paths}
     for path, y in outs.items():
         assert torch.equal(y, outs[REFERENCE]), f"path {path} differs from the scalar reference"
+        for few in range(1, 8):  # each count a row tile's rest can take (the AVX2 path's tiles are 6 rows)
+            assert torch.equal(gemm(path, few), outs[REFERENCE][:few]), f"path {path}, {few} rows"
     for rows in (1, 2, 5, 15, 16, 17, 23):  # a row's result whatever rows share its call (and whichever path runs them)
         assert torch.equal(weight(x[:rows]), outs[kernel.path][:rows])
     assert torch.equal(weight(x[20:23]), outs[kernel.path][20:23])
