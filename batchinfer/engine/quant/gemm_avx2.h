@@ -168,9 +168,9 @@ INL2 void panel_avx2(const int t, const act_t *A, int64_t M, const uint8_t *pane
     for (int h = 0; h < 2 && 8 * h < ncols; h++) {
         int64_t m = 0;
         for (; m + AVX2_ROWS <= M; m += AVX2_ROWS) half_rows(t, AVX2_ROWS, A, m, panel, h, y, ldy, ncols);
-        switch (M - m) {  // the rest, each count its own unrolled code
-#define REST(n) case n: half_rows(t, n < AVX2_ROWS ? n : 1, A, m, panel, h, y, ldy, ncols); break;
-            REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7)
+        switch (M - m) {  // the rest (under AVX2_ROWS), each count its own unrolled code
+#define REST(n) case n: half_rows(t, n, A, m, panel, h, y, ldy, ncols); break;
+            REST(1) REST(2) REST(3) REST(4) REST(5)
 #undef REST
         }
     }
