@@ -19,17 +19,22 @@ def _shown(ctx, job_id: str) -> tuple[int, int]:
     return job.completed, job.completion_tokens
 
 
-def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_context, generator):
-    ctx = make_context()
+def _run_three_live(ctx, generator):
+    """A job of three requests whose one unit ran on w1 and wrote its live rows, nothing committed."""
     job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)])
     (unit,) = dispatch(ctx)
     started = units.start_unit(ctx, unit.unit_id, "w1")
     assert started is not None
-    attempt, to_run = started.attempt, started.to_run
-    requests = unit_runner._load_requests(ctx, unit.unit_id, to_run)
-    watch = UnitWatch(ctx, unit.unit_id, attempt, [r for r, _ in requests])
+    requests = unit_runner._load_requests(ctx, unit.unit_id, started.to_run)
+    watch = UnitWatch(ctx, unit.unit_id, started.attempt, [r for r, _ in requests])
     records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
     watch._flush()  # what the watch's thread does once a second
+    return job, unit, started.attempt, watch, records
+
+
+def test_live_rows_count_only_the_running_attempt_and_settle_on_the_commit(make_context, generator):
+    ctx = make_context()
+    job, unit, attempt, watch, records = _run_three_live(ctx, generator)
     tokens = sum(r.completion_tokens for r in records.values())
     assert _shown(ctx, job.id) == (3, tokens) and service.get(ctx, job.id).completed == 0  # live, not committed
 
@@ -47,14 +52,7 @@ def test_a_chunk_committed_between_reading_a_job_and_its_live_rows_counts_once(m
     """A chunk's commit moves requests from the live rows into the job's counts. A job read before it and live rows
     read after it once showed 0 where 54 had been (CI): the counts shown are read in one statement."""
     ctx = make_context()
-    job = submit_lines(ctx, [completion_line(f"c{i}", f"Item {i}:", max_tokens=3) for i in range(3)])
-    (unit,) = dispatch(ctx)
-    started = units.start_unit(ctx, unit.unit_id, "w1")
-    assert started is not None
-    requests = unit_runner._load_requests(ctx, unit.unit_id, started.to_run)
-    watch = UnitWatch(ctx, unit.unit_id, started.attempt, [r for r, _ in requests])
-    records = unit_runner._generate(requests, generator, "w1", watch.listen(), aborts=watch.aborts)
-    watch._flush()
+    job, _, _, watch, records = _run_three_live(ctx, generator)
     before = service.get(ctx, job.id)  # what the API or `status` read first
     assert before.completed == 0 and with_live(ctx, [before])[0].completed == 3
     assert watch._commit_chunk(0, "units/chunk-0.jsonl", records) == 3  # all three leave the live rows

@@ -49,7 +49,6 @@ class _JobCollector:
                 by_status[status] = by_status.get(status, 0) + count
             counts = all_counts(session)  # committed, and what running units finished since their last commit
             backlogs = model_backlogs(session)
-        sums = (counts.completed, counts.failed, counts.prompt_tokens, counts.cached_tokens, counts.completion_tokens)
         batches = GaugeMetricFamily("batchinfer_batches", "Batches by status", labels=["status"])
         for status, count in by_status.items():
             batches.add_metric([str(status)], count)
@@ -59,11 +58,12 @@ class _JobCollector:
             per_model.add_metric([model or "", str(status)], count)  # "": a batch still validating names none yet
         yield per_model
         requests = GaugeMetricFamily("batchinfer_requests", "Requests finished, by outcome", labels=["outcome"])
-        requests.add_metric(["completed"], sums[0])
-        requests.add_metric(["failed"], sums[1])
+        requests.add_metric(["completed"], counts.completed)
+        requests.add_metric(["failed"], counts.failed)
         yield requests
         tokens = GaugeMetricFamily("batchinfer_tokens", "Tokens of all batches, by kind", labels=["kind"])
-        for kind, value in zip(("prompt", "cached", "completion"), sums[2:]):
+        for kind, value in (("prompt", counts.prompt_tokens), ("cached", counts.cached_tokens),
+                            ("completion", counts.completion_tokens)):
             tokens.add_metric([kind], value)
         yield tokens
         yield from _backlog_families(backlogs, self.ctx.settings.configured_models)

@@ -84,6 +84,11 @@ INL2 __m256 block_step2(const int t, __m256i dot, const uint8_t *rec, int h, con
     return acc;
 }
 
+// Each lane's low int16 from lo's lane, its high from hi's (vpmaddwd's operand of two int16 a lane).
+INL2 __m256i int16_pairs(__m256i lo, __m256i hi) {
+    return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
 // Channels 8h..8h+7 of 16 bytes, in the low 8.
 INL2 __m128i half_of(__m128i v, int h) { return h ? _mm_unpackhi_epi64(v, v) : v; }
 
@@ -99,7 +104,7 @@ INL2 void offset_sums2(const int t, const int R, const uint8_t *rec, int h, cons
         const __m128i b = half_of(kq_offsets16(t, rec, 2 * i + 1), h);
         const __m256i lo = q.mins ? _mm256_cvtepu8_epi32(a) : _mm256_cvtepi8_epi32(a);
         const __m256i hi = q.mins ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-        const __m256i pair = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+        const __m256i pair = int16_pairs(lo, hi);
         for (int r = 0; r < R; r++) {
             const uint32_t two = A->pairs[((m0 + r) * nsb + s) * 8 + i];
             osb[r] = _mm256_add_epi32(osb[r], _mm256_madd_epi16(pair, _mm256_set1_epi32((int)two)));
@@ -146,7 +151,7 @@ INL2 void half_rows(const int t, const int R, const act_t *A, int64_t m0, const 
             __m256i mul = _mm256_set1_epi16(1);
             if (q.kquant) {  // each lane's scale in both int16 halves
                 const __m256i sc = _mm256_cvtepi8_epi32(half_of(kq_scales16(t, rec, g), h));
-                mul = _mm256_or_si256(_mm256_and_si256(sc, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(sc, 16));
+                mul = int16_pairs(sc, sc);
             }
             __m256i dot[AVX2_ROWS];
             group_dots2(t, R, rec + L.off_codes + g * L.group_bytes, h, A->q + m0 * K + s * q.sb + g * q.g, K, mul, dot);
