@@ -52,8 +52,11 @@ INL __m512i dot_chain(const __m512i *v, const int8_t *x, int j0, int j1) {
     return d;
 }
 
-// In two chains: one chain of 8 waits on vpdpbusd's 5-cycle latency, two fill the ports.
-INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
+// A group in two chains: one chain of 8 waits on vpdpbusd's 5-cycle latency, two fill the ports. Groups of 4
+// vectors (Q6_K, Q3_K, Q2_K) in tiles of 4 rows or more take one chain: the rows' chains fill the ports, and the
+// add saved is one op in 7 (Q6_K 1.05x on Zen 4; groups of 8 in one chain were 0.92-1.0x).
+INL __m512i group_dot(const int R, const int vecs, const __m512i *v, const int8_t *x) {
+    if (R >= 4 && vecs <= 4) return dot_chain(v, x, 0, vecs);
     return _mm512_add_epi32(dot_chain(v, x, 0, vecs / 2), dot_chain(v, x, vecs / 2, vecs));
 }
 
@@ -63,9 +66,9 @@ INL __m512i group_dot(const int vecs, const __m512i *v, const int8_t *x) {
 // every row). Zen 4's vpmulld is one pipelined uop: there `mul` (the path VNNI_MUL) takes it, Q4_K 1.05-1.15x and
 // Q5_K 1.17-1.31x against the chunks. Q6_K's chunks would be single vectors: one vpdpwssd each cost more than its one
 // vpmulld (0.96x), so it keeps that on both.
-INL __m512i scaled_dot(const int t, const int mul, const __m512i *v, const int8_t *x, __m512i sc, __m512i isb) {
+INL __m512i scaled_dot(const int t, const int mul, const int R, const __m512i *v, const int8_t *x, __m512i sc, __m512i isb) {
     const int vecs = layout_of(t).vecs, chunk = 32767 / (4 * ((1 << QT[t].bits) - 1) * 128);
-    if (chunk < 2 || mul) return _mm512_add_epi32(isb, _mm512_mullo_epi32(group_dot(vecs, v, x), sc));
+    if (chunk < 2 || mul) return _mm512_add_epi32(isb, _mm512_mullo_epi32(group_dot(R, vecs, v, x), sc));
     const __m512i sc16 = _mm512_and_si512(sc, _mm512_set1_epi32(0xFFFF));
     for (int j0 = 0; j0 < vecs; j0 += chunk)
         isb = _mm512_dpwssd_epi32(isb, dot_chain(v, x, j0, j0 + chunk < vecs ? j0 + chunk : vecs), sc16);
@@ -189,8 +192,8 @@ INL void panel_rows(const int t, const int mul, const int R, const act_t *A, int
             const block_scales_t bs = q.kquant ? (block_scales_t){} : block_scales(t, rec);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = A->q + (m0 + r) * K + s * q.sb + g * q.g;
-                if (q.kquant) isb[r] = scaled_dot(t, mul, v, x, sc, isb[r]);
-                else acc[r] = block_step(t, group_dot(L.vecs, v, x), bs, 0, A, m0 + r, s, acc[r]);
+                if (q.kquant) isb[r] = scaled_dot(t, mul, R, v, x, sc, isb[r]);
+                else acc[r] = block_step(t, group_dot(R, L.vecs, v, x), bs, 0, A, m0 + r, s, acc[r]);
             }
         }
         if (q.kquant) {
