@@ -108,3 +108,42 @@ def test_the_engine_process_collects_garbage_again_after_its_load_even_a_failed_
         assert gc.isenabled() and gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_the_engine_process_is_sent_plain_settings_and_imports_no_pydantic():
+    """The child forks before the CLI imports pydantic (0.13 s of its start, ahead of torch): what it is sent
+    unpickles without it, and loads the same generator the settings name."""
+    import pickle
+
+    from batchinfer.runtime import engine_messages as msg
+    from batchinfer.runtime.engine_host import EngineSettings, generator_key
+    from batchinfer.settings import Settings
+
+    settings = Settings(weight_format="dense", kv_block_size=32)
+    sent = pickle.dumps(msg.Load(EngineSettings.of(settings)))
+    child = ("import pickle, sys\n"
+             "from batchinfer.runtime import engine_process, engine_host\n"
+             f"load = pickle.loads({sent!r})\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'pydantic_settings', 'torch'}))\n"
+             "print(engine_host.generator_key(load.settings))\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=True)
+    imported, key = out.stdout.splitlines()
+    assert imported == "[]"
+    assert key == str(generator_key(settings)) and "'dense'" in key and ", 32," in key
+
+
+def test_a_setting_the_settings_refuse_is_one_line_and_the_engine_process_is_gone(tmp_path, model_cache):
+    """The fork is decided from the environment (no pydantic before it); a value the settings then refuse is
+    reported as in one process, and the engine process forked on it is ended, not left loading."""
+    env = cli_env(tmp_path, model_cache, BATCHINFER_ENGINE_PROCESS="maybe")
+    args = ("run", str(_requests(tmp_path)), "-o", str(tmp_path / "out.jsonl"))
+    run = subprocess.Popen([sys.executable, "-m", "batchinfer.cli", *args], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not children(run.pid) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engines = children(run.pid)
+    stderr = run.communicate(timeout=120)[1]
+    assert run.returncode == 1 and engines  # it forked on the environment's word
+    assert stderr.splitlines() == ["error: invalid setting: BATCHINFER_ENGINE_PROCESS: Input should be a valid "
+                                   "boolean, unable to interpret input, got 'maybe'"]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in engines)

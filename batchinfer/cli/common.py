@@ -74,7 +74,13 @@ def context(embedded: bool = False) -> AppContext:
 
 
 def _invalid_setting(exc: ValidationError) -> BatchInferError:
-    return BatchInferError(f"invalid setting: {exc.errors()[0]['msg']}")
+    """One line naming the variable: our validators' messages name it themselves, pydantic's own do not."""
+    error = exc.errors()[0]
+    ours = error.get("ctx", {}).get("error")
+    if isinstance(ours, ValueError):
+        return BatchInferError(f"invalid setting: {ours}")
+    name = "BATCHINFER_" + "_".join(str(part) for part in error["loc"]).upper()
+    return BatchInferError(f"invalid setting: {name}: {error['msg']}, got {shown(error.get('input'))}")
 
 
 def _command_line(**values) -> None:

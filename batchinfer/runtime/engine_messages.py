@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult
 
 if TYPE_CHECKING:
-    from batchinfer.settings import Settings
+    from batchinfer.runtime.engine_host import EngineSettings
 
 
 @dataclass(frozen=True)
 class Load:
-    settings: Settings  # the model and engine options, as the parent resolved them
+    settings: EngineSettings  # the model and engine options, as the parent resolved them
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,34 @@ if TYPE_CHECKING:  # imported where used: every command imports this module at i
     from multiprocessing.connection import Connection
 
 _started: EngineProcess | None = None
+_command: str | None = None  # the forking command, until started() has checked its settings
 IMPORT_NICE = 5  # how far the torch import yields to the parent's work on a busy machine (3:1 at equal shares)
 
 
 def start_for(argv: list[str]) -> None:
-    """Fork the engine process if this command is a `run` or a `worker`. Called first thing: no thread, no torch yet."""
-    global _started
+    """Fork the engine process if this command is a `run` or a `worker`. Called first thing: no thread, no torch, no
+    pydantic yet (the child imports none: its torch import starts 0.13 s sooner). The environment decides here;
+    started() checks the settings themselves."""
+    global _started, _command
     if argv[:1] not in (["run"], ["worker"]) or "--help" in argv:
         return
-    # what both processes need, imported once before the fork (settings and pydantic), not by each
+    # what both processes need, imported once before the fork (the engine's plain types: no pydantic, no torch)
     import batchinfer.runtime.engine_host  # noqa: F401
     import batchinfer.runtime.engine_messages  # noqa: F401
 
-    if _forks(argv[0]):
-        _started = EngineProcess.fork(signals_to_parent=argv[0] == "worker")
+    _command = argv[0]
+    if _engine_named() and (_command == "run" or os.environ.get(ENGINE_VAR, "").strip() != "null"):
+        _started = EngineProcess.fork(signals_to_parent=_command == "worker")
         atexit.register(_started.close)  # an invalid file's error, or the end: the child is killed, not awaited
+
+
+ENGINE_VAR, ENGINE_PROCESS_VAR = "BATCHINFER_ENGINE", "BATCHINFER_ENGINE_PROCESS"
+FALSE = ("0", "off", "f", "false", "n", "no")  # pydantic's false strings
+
+
+def _engine_named() -> bool:
+    """BATCHINFER_ENGINE_PROCESS as the settings read it (a value they refuse forks here; started() ends it)."""
+    return os.environ.get(ENGINE_PROCESS_VAR, "").strip().lower() not in FALSE
 
 
 def _forks(command: str) -> bool:
@@ -48,6 +61,14 @@ def _forks(command: str) -> bool:
 
 
 def started() -> EngineProcess | None:
+    """The engine process, where the settings want one: a fork the environment asked for and the settings refuse
+    (an invalid value) is ended here."""
+    global _started, _command
+    if _command is not None:
+        if _started is not None and not _forks(_command):
+            _started.close()
+            _started = None
+        _command = None
     return _started
 
 
@@ -95,10 +116,11 @@ class EngineProcess:
 
     def load(self, settings) -> None:
         from batchinfer.runtime import engine_messages as msg  # lazy: this module loads first, before the fork
+        from batchinfer.runtime.engine_host import EngineSettings
 
         self.settings = settings
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died: generator_for says how
-            self.conn.send(msg.Load(settings))
+            self.conn.send(msg.Load(EngineSettings.of(settings)))
 
     def generator_for(self, settings):
         """The remote generator when settings name the model loaded there, else the model loaded in this process
@@ -177,7 +199,7 @@ def _import_and_load(conn: Connection):
 
     gc.disable()
     try:
-        if _needs_torch():  # the null engine needs none (most tests run it)
+        if _needs_torch():
             _import_torch_yielding()
         return _load(conn, conn.recv())
     finally:
@@ -186,14 +208,7 @@ def _import_and_load(conn: Connection):
 
 
 def _needs_torch() -> bool:
-    from pydantic import ValidationError  # lazy: this module loads first, before the fork: nothing heavy at its top
-
-    from batchinfer.settings import get_settings
-
-    try:
-        return get_settings().engine != "null"
-    except ValidationError:  # the parent reports it
-        return False
+    return os.environ.get(ENGINE_VAR, "").strip() != "null"  # the null engine needs none (most tests run it)
 
 
 def _die_with_parent(parent: int) -> None:

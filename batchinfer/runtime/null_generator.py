@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Callable, Collection, Iterable
 
 from batchinfer.engine.types import EngineDescription, GenerationRequest, GenerationResult, refusal
 from batchinfer.jobs.intake.tokenizer import tokenizer_and_context
-from batchinfer.settings import Settings
+
+if TYPE_CHECKING:  # pydantic: the engine process imports none
+    from batchinfer.runtime.engine_host import EngineSettings
+    from batchinfer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ class NullGenerator:
         self.token_id = int(eos) if eos is not None else 0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "NullGenerator":
+    def from_settings(cls, settings: Settings | EngineSettings) -> "NullGenerator":
         log.warning("BATCHINFER_ENGINE=null: every request is answered with one token and no model runs "
                     "(for benchmarking the job system only)")
         return cls(*tokenizer_and_context(settings))
