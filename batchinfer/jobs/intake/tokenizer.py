@@ -4,20 +4,28 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from batchinfer.engine.loading.loader import Tokenizer, model_files_dir
 from batchinfer.engine.types import context_length
 
 if TYPE_CHECKING:  # pydantic: the engine process remembers its tokenizer here and imports none
-    from batchinfer.runtime.engine_host import EngineSettings
     from batchinfer.settings import Settings
+
+
+class ModelNamed(Protocol):
+    """Settings, or the plain EngineSettings the engine process is sent (batchinfer/runtime/engine_host.py)."""
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def model_cache(self) -> Path | str: ...
 
 # Tokenizers of models this process has loaded (a worker, `batchinfer run`): validation reuses them.
 _loaded: dict[tuple, tuple] = {}
 
 
-def remember_tokenizer(settings: Settings | EngineSettings, tokenizer, max_model_len: int) -> None:
+def remember_tokenizer(settings: ModelNamed, tokenizer, max_model_len: int) -> None:
     _loaded[(settings.model, str(settings.model_cache))] = (tokenizer, max_model_len)
 
 
@@ -78,7 +86,7 @@ def sampling_defaults(settings: Settings) -> dict:
     return dict(_sampling_defaults(settings.model, str(settings.model_cache)))
 
 
-def tokenizer_and_context(settings: Settings | EngineSettings):
+def tokenizer_and_context(settings: ModelNamed):
     """The tokenizer and context length for validation, without loading the weights when no model is loaded."""
     loaded = _loaded.get((settings.model, str(settings.model_cache)))
     if loaded is not None:
