@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # imported where used: every command imports this module at i
 
 _started: EngineProcess | None = None
 _command: str | None = None  # the forking command, until started() has checked its settings
+ENGINE_VAR, ENGINE_PROCESS_VAR = "BATCHINFER_ENGINE", "BATCHINFER_ENGINE_PROCESS"
+FALSE = ("0", "off", "f", "false", "n", "no")  # pydantic's false strings, in any case
 IMPORT_NICE = 5  # how far the torch import yields to the parent's work on a busy machine (3:1 at equal shares)
 
 
@@ -33,16 +35,12 @@ def start_for(argv: list[str]) -> None:
     import batchinfer.runtime.engine_messages  # noqa: F401
 
     _command = argv[0]
-    if _engine_named() and (_command == "run" or os.environ.get(ENGINE_VAR, "").strip() != "null"):
+    if _process_asked() and (_command == "run" or _needs_torch()):
         _started = EngineProcess.fork(signals_to_parent=_command == "worker")
         atexit.register(_started.close)  # an invalid file's error, or the end: the child is killed, not awaited
 
 
-ENGINE_VAR, ENGINE_PROCESS_VAR = "BATCHINFER_ENGINE", "BATCHINFER_ENGINE_PROCESS"
-FALSE = ("0", "off", "f", "false", "n", "no")  # pydantic's false strings
-
-
-def _engine_named() -> bool:
+def _process_asked() -> bool:
     """BATCHINFER_ENGINE_PROCESS as the settings read it (a value they refuse forks here; started() ends it)."""
     return os.environ.get(ENGINE_PROCESS_VAR, "").strip().lower() not in FALSE
 
