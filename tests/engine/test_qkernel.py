@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from batchinfer.engine.quant.kernel import BLOCK_BYTES, REFERENCE, SUPER, TYPES, load_kernel, load_packer
-from batchinfer.engine.quant.packed import PackedWeight, dequantize_rows, packed_size, quantize, repack
+from batchinfer.engine.quant.packed import PackedWeight, StackedWeight, dequantize_rows, packed_size, quantize, repack
 from benchmarks.support.qblocks import packed, random_blocks
 
 pytestmark = pytest.mark.fast
@@ -148,3 +148,22 @@ def test_the_repack_library_packs_the_kernels_bytes(kernel, tmp_path):
         repack(kernel, qtype, raw, 40, 512, ours)
         repack(packer, qtype, raw, 40, 512, theirs)
         assert np.array_equal(ours, theirs), qtype
+
+
+def test_a_stacked_projection_gives_each_parts_bits_in_its_columns_whatever_the_rows(kernel):
+    """StackedWeight runs its parts in one call (qkernel.c's linear): x quantized once per scheme into a scratch
+    kept between calls. Mixed schemes (Q8_K and Q8_0/Q8_1), calls that grow the scratch and shrink again, and a
+    strided x: each part's columns hold the bits of that part run alone, through quantize and gemm."""
+    k = 512
+    parts = [packed(kernel, qtype, random_blocks(qtype, n, k, seed=i), n, k)
+             for i, (qtype, n) in enumerate((("Q4_K", 40), ("Q8_0", 24), ("Q6_K", 16), ("Q4_1", 8)))]
+    stacked = StackedWeight(parts)
+    wide = torch.randn(300, 2 * k, generator=torch.Generator().manual_seed(8))
+    for rows in (3, 300, 17, 1, 64):
+        x = wide[:rows, :k]  # rows 2k floats apart
+        alone = []
+        for part in parts:
+            y = torch.empty(rows, part.n)
+            part.matmul(quantize(kernel, part.qtype, x.contiguous()), y.data_ptr(), part.n, 2)
+            alone.append(y)
+        assert torch.equal(stacked(x), torch.cat(alone, dim=1)), f"{rows} rows"

@@ -107,6 +107,8 @@ def load_kernel(cache_dir: str, types: frozenset[str] | None = None) -> Kernel:
     lib.dequant_packed.argtypes = [c_int, ptr, i64, i64, ptr]
     lib.quantize_acts.argtypes = [c_int, ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr, c_int]
     lib.gemm.argtypes = [c_int, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, c_int, c_int]
+    lib.linear.argtypes = [c_int, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, i64, c_int]
+    lib.linear.restype = c_int
     lib.amx_init.restype = c_int
     for name in ("dequant_rows", "dequant_packed", "quantize_acts", "gemm"):
         getattr(lib, name).restype = None

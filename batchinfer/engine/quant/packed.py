@@ -7,6 +7,7 @@ an exact integer sum, so a row's output never depends on the rows beside it.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,7 @@ class PackedWeight:
 
     def __post_init__(self) -> None:
         self.type_id, self.data_ptr = TYPES[self.qtype], self.data.ctypes.data
+        self._alone: StackedWeight | None = None  # this weight as a projection of its own, made on first call
 
     @property
     def scheme(self) -> int:
@@ -64,7 +66,9 @@ class PackedWeight:
                              self.kernel.path_for(rows, self.qtype), threads)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return StackedWeight([self])(x)
+        if self._alone is None:
+            self._alone = StackedWeight([self])
+        return self._alone(x)
 
 
 @dataclass
@@ -73,24 +77,28 @@ class StackedWeight:
 
     def __post_init__(self) -> None:
         self.n = sum(p.n for p in self.parts)
+        self.kernel = self.parts[0].kernel
+        assert all(p.kernel is self.kernel and p.k == self.parts[0].k for p in self.parts)
+        count = len(self.parts)  # the C side's arrays, made once
+        self._types = (ctypes.c_int32 * count)(*(p.type_id for p in self.parts))
+        self._ws = (ctypes.c_void_p * count)(*(p.data_ptr for p in self.parts))
+        self._ns = (ctypes.c_int64 * count)(*(p.n for p in self.parts))
+        self._paths: dict[tuple[int, ...], ctypes.Array] = {}  # at most two a part: AMX or not by the rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """A decode step calls this a few hundred times on a few rows: the Python around the kernel is kept short
-        (the output's columns by pointer, no views; one thread count)."""
+        """A decode step calls this a few hundred times on a few rows: one foreign call (qkernel.c's linear, which
+        quantizes x once per scheme into its own scratch), the output's columns by pointer, one thread count."""
         dtype, shape = x.dtype, x.shape
         # rows apart (a gated half of gate_up) are read where they are
         if x.dim() != 2 or dtype != torch.float32 or x.stride(1) != 1:
             x = x.reshape(-1, shape[-1]).to(torch.float32).contiguous()
-        out = torch.empty(x.shape[0], self.n, dtype=torch.float32)
-        threads, ptr, ldy = torch.get_num_threads(), out.data_ptr(), self.n
-        acts: dict[int, Acts] = {}
-        col = 0
-        for part in self.parts:
-            scheme = part.scheme
-            if scheme not in acts:
-                acts[scheme] = quantize(part.kernel, part.qtype, x, threads)
-            part.matmul(acts[scheme], ptr + 4 * col, ldy, threads)
-            col += part.n
+        m, k = x.shape
+        out = torch.empty(m, self.n, dtype=torch.float32)
+        key = tuple(self.kernel.path_for(m, p.qtype) for p in self.parts)
+        paths = self._paths.get(key) or self._paths.setdefault(key, (ctypes.c_int32 * len(key))(*key))
+        if self.kernel.lib.linear(len(self.parts), self._types, self._ws, self._ns, paths, x.data_ptr(), x.stride(0),
+                                  m, k, out.data_ptr(), self.n, torch.get_num_threads()):
+            raise MemoryError(f"the integer kernel's activations for {m} rows of {k}")
         if len(shape) == 2 and dtype == torch.float32:
             return out
         return out.view(*shape[:-1], self.n).to(dtype)

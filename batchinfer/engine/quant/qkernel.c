@@ -57,3 +57,43 @@ void gemm(int t, const int8_t *xq, const float *xd, const float *xs, const int32
     else gemm_ref(t, xq, xd, xs, xbs, M, K, w, N, y, ldy);
     free(pairs);
 }
+
+// A scheme's activations (K-quants' Q8_K, the 32-types' Q8_0/Q8_1) in the calling thread's scratch, kept between
+// calls and grown as needed: q padded to a multiple of 32 rows (AMX tiles), d, s and bsum as quantize_rows fills.
+typedef struct {
+    void *buf[4];
+    size_t cap[4];
+} scratch_t;
+
+static void *room(scratch_t *sc, int i, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes > sc->cap[i]) {
+        free(sc->buf[i]);
+        sc->buf[i] = aligned_alloc(64, bytes);
+        sc->cap[i] = sc->buf[i] ? bytes : 0;
+    }
+    return sc->buf[i];
+}
+
+// One projection's parts (q, k, v; gate, up; each its own block type) into column ranges of y: x quantized once a
+// scheme, then each part's GEMM on its path. One foreign call a projection, where StackedWeight made two or more
+// and four torch tensors (a decode step makes a few hundred). Returns -1 where the scratch cannot be had.
+int linear(int nparts, const int32_t *types, const uint8_t *const *ws, const int64_t *ns, const int32_t *paths,
+           const float *x, int64_t ldx, int64_t M, int64_t K, float *y, int64_t ldy, int threads) {
+    static __thread scratch_t scratch[2];
+    int quantized[2] = {0, 0};
+    const int64_t padded = (M + 31) / 32 * 32;
+    for (int i = 0; i < nparts; i++) {
+        const int t = types[i], kq = QT[t].kquant, sb = QT[t].sb;
+        scratch_t *sc = &scratch[kq];
+        int8_t *q = room(sc, 0, (size_t)(padded * K));
+        float *d = room(sc, 1, (size_t)(M * (K / sb)) * sizeof(float));
+        float *sm = room(sc, 2, (size_t)(M * (kq ? 1 : K / 32)) * sizeof(float));
+        int32_t *bsum = room(sc, 3, (size_t)(M * (K / (kq ? 16 : 32))) * sizeof(int32_t));
+        if (!q || !d || !sm || !bsum) return -1;
+        if (!quantized[kq]) quantize_rows(t, x, ldx, M, K, padded, q, d, sm, bsum, threads), quantized[kq] = 1;
+        gemm(t, q, d, sm, bsum, M, K, ws[i], ns[i], y, ldy, paths[i], threads);
+        y += ns[i];
+    }
+    return 0;
+}
