@@ -167,3 +167,4 @@ def test_a_stacked_projection_gives_each_parts_bits_in_its_columns_whatever_the_
             part.matmul(quantize(kernel, part.qtype, x.contiguous()), y.data_ptr(), part.n, 2)
             alone.append(y)
         assert torch.equal(stacked(x), torch.cat(alone, dim=1)), f"{rows} rows"
+    assert stacked(wide[:0, :k]).shape == (0, stacked.n)  # no rows: an empty output, not a MemoryError

@@ -66,7 +66,7 @@ typedef struct {
 } scratch_t;
 
 static void *room(scratch_t *sc, int i, size_t bytes) {
-    bytes = (bytes + 63) / 64 * 64;
+    bytes = bytes ? (bytes + 63) / 64 * 64 : 64;  // a call of no rows still gets a buffer (aligned_alloc of 0 may fail)
     if (bytes > sc->cap[i]) {
         free(sc->buf[i]);
         sc->buf[i] = aligned_alloc(64, bytes);
