@@ -20,7 +20,8 @@ PANEL = 16
 
 @dataclass
 class Acts:
-    """x quantized for one scheme: 32-types (Q8_0/Q8_1) or K-quants (Q8_K)."""
+    """x quantized for one scheme: 32-types (Q8_0/Q8_1) or K-quants (Q8_K). With quantize and PackedWeight.matmul,
+    the kernel's two-call form: the engine calls StackedWeight (one call); the tests check it against this."""
     q: torch.Tensor  # int8 [rows padded to 32, K]
     d: torch.Tensor
     s: torch.Tensor
