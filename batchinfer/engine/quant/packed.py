@@ -55,10 +55,6 @@ class PackedWeight:
         self.type_id, self.data_ptr = TYPES[self.qtype], self.data.ctypes.data
         self._alone: StackedWeight | None = None  # this weight as a projection of its own, made on first call
 
-    @property
-    def scheme(self) -> int:
-        return SUPER[self.qtype]
-
     def matmul(self, acts: Acts, out_ptr: int, ldy: int, threads: int) -> None:
         """The float32 output at out_ptr [rows, >= n] (rows ldy floats apart) <- acts @ W^T."""
         rows = acts.rows
