@@ -69,8 +69,10 @@ class LLMEngine:
             config = replace(config, cache_dir=str(cache_dir))
         if config.device == "cpu" and config.attention_backend in ("auto", "cpu"):
             from .attention.cpu_backend import start_attention_build  # lazy: a CPU engine's only
+            from .layers.cpu_ops import start_ops_build
 
             start_attention_build(config.cache_dir)  # gcc beside the model's load where it must build
+            start_ops_build(config.cache_dir)
         return cls(load_model_light(model_path, cache_dir, config.torch_dtype, config.weight_format), config)
 
     # the request API -------------------------------------------------------------------------------

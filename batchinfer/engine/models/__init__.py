@@ -12,6 +12,7 @@ import torch
 from ..attention.base import AttentionBackend
 
 from ..unsupported import UnsupportedModelError
+from ..layers.cpu_ops import decoder_ops
 from . import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3_moe
 from .decoder import DecoderForCausalLM, Projection
 from .spec import ModelSpec
@@ -58,10 +59,12 @@ def norm_offset(cfg) -> float:
 
 def build_model(hf_model: CausalLM, attention: AttentionBackend, device: torch.device, dtype: torch.dtype,
                 max_model_len: int, weights: dict[str, torch.Tensor],
-                quant: dict[str, Projection] | None = None) -> DecoderForCausalLM:
-    """The engine model of a checkpoint from its engine-layout tensors (loading/weights.py)."""
-    return DecoderForCausalLM(model_spec(hf_model.config), weights, attention, device, dtype, max_model_len,
-                              hf_model.config, quant)
+                quant: dict[str, Projection] | None = None, cache_dir: str | None = None) -> DecoderForCausalLM:
+    """The engine model of a checkpoint from its engine-layout tensors (loading/weights.py); cache_dir: where
+    the CPU kernels are built."""
+    spec = model_spec(hf_model.config)
+    ops = decoder_ops(spec.hidden_size, spec.eps, quant is not None, device, dtype, cache_dir)
+    return DecoderForCausalLM(spec, weights, attention, device, dtype, max_model_len, hf_model.config, quant, ops)
 
 
 __all__ = ["FAMILIES", "DecoderForCausalLM", "ModelSpec", "build_model", "model_spec", "norm_offset"]

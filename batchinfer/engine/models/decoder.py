@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.base import AttentionBackend, AttentionMetadata
-from ..layers.activation import gated
+from ..layers.cpu_ops import TorchOps
 from ..layers.linear import RowPlan, linear
 from ..layers.moe import moe_mlp, quant_moe_mlp
 from ..layers.rope import RopeTable
@@ -44,7 +44,7 @@ class DecoderLayer:
 class DecoderForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], attention: AttentionBackend,
                  device: torch.device, dtype: torch.dtype, max_model_len: int, cfg,
-                 quant: dict[str, Projection] | None = None):
+                 quant: dict[str, Projection] | None = None, ops: TorchOps | None = None):
         self.spec = spec
         self.num_layers, self.num_q_heads, self.num_kv_heads = spec.num_layers, spec.num_q_heads, spec.num_kv_heads
         self.head_dim, self.hidden_size, self.eps, self.scale = spec.head_dim, spec.hidden_size, spec.eps, spec.scale
@@ -52,6 +52,7 @@ class DecoderForCausalLM:
         self.row_plan = RowPlan()  # how dense matmuls cut their rows; invariance.probe_row_pad sets it
         self.quant = quant  # quantized projections for every step (quant/packed.py), or None
         self.dtype = dtype
+        self.ops = ops or TorchOps(self.hidden_size, self.eps)  # norms, residual adds, activation
         self._load_weights(weights, device, dtype)
         self.ropes = {key: RopeTable.build(params, cfg, self.head_dim, max_model_len, device)
                       for key, params in spec.ropes.items()}
@@ -89,24 +90,27 @@ class DecoderForCausalLM:
         if spec.embed_scale is not None:
             hidden = hidden * torch.tensor(spec.embed_scale, dtype=hidden.dtype)
         rope = {key: (table.cos[positions], table.sin[positions]) for key, table in self.ropes.items()}
+        ops = self.ops
+        x = ops.norm(hidden, self.layers[0].input_norm) if self.layers else hidden
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             lin = _Linear(self.quant, f"layers.{i}.", self.row_plan, i, lora)
             cos, sin = rope[spec.layer_rope[i]]
-            out = self._attention(layer, lin, hidden, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
-            hidden = hidden + self._norm(out, layer.attn_out_norm)
-            hidden = hidden + self._norm(self._mlp(layer, lin, hidden), layer.mlp_out_norm)
+            out = self._attention(layer, lin, x, cos, sin, k_cache, v_cache, meta, spec.layer_windows[i])
+            x = ops.add_norm(hidden, ops.norm(out, layer.attn_out_norm), layer.post_norm)
+            after = self.layers[i + 1].input_norm if i + 1 < len(self.layers) else None  # the next layer's norm
+            x = ops.add_norm(hidden, ops.norm(self._mlp(layer, lin, x), layer.mlp_out_norm), after)
         rows = torch.cat([sample_indices, hidden_indices])
-        normed = F.rms_norm(hidden[rows], (self.hidden_size,), self.final_norm, self.eps)
+        normed = ops.norm(hidden[rows], self.final_norm)
         n = sample_indices.numel()
         logits = _Linear(self.quant, "", self.row_plan)(normed[:n], self.lm_head, "lm_head").float()
         if spec.final_softcap is not None:
             logits = torch.tanh(logits / spec.final_softcap) * spec.final_softcap
         return logits, normed[n:].float()
 
-    def _attention(self, layer: DecoderLayer, lin: _Linear, hidden, cos, sin, k_cache, v_cache, meta,
+    def _attention(self, layer: DecoderLayer, lin: _Linear, x, cos, sin, k_cache, v_cache, meta,
                    window: int | None) -> torch.Tensor:
-        n, d, hq, hkv = hidden.shape[0], self.head_dim, self.num_q_heads, self.num_kv_heads
-        x = F.rms_norm(hidden, (self.hidden_size,), layer.input_norm, self.eps)
+        """x: the layer's input, normed."""
+        n, d, hq, hkv = x.shape[0], self.head_dim, self.num_q_heads, self.num_kv_heads
         qkv = lin(x, layer.qkv_proj, "qkv_proj")
         if layer.qkv_bias is not None:
             qkv = qkv + layer.qkv_bias
@@ -124,8 +128,8 @@ class DecoderForCausalLM:
                                          softcap=self.spec.attn_softcap)
         return lin(out.reshape(n, hq * d), layer.o_proj, "o_proj")
 
-    def _mlp(self, layer: DecoderLayer, lin: _Linear, hidden) -> torch.Tensor:
-        x = F.rms_norm(hidden, (self.hidden_size,), layer.post_norm, self.eps)
+    def _mlp(self, layer: DecoderLayer, lin: _Linear, x) -> torch.Tensor:
+        """x: the residual stream after attention, normed."""
         if layer.router is not None:
             moe = self.spec.moe
             assert moe is not None
@@ -136,10 +140,8 @@ class DecoderForCausalLM:
             assert layer.experts_down is not None
             return moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, moe.top_k, moe.renormalize,
                            self.spec.activation, self.row_plan)
-        return lin(gated(lin(x, layer.gate_up_proj, "gate_up_proj"), self.spec.activation), layer.down_proj, "down_proj")
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        return x if weight is None else F.rms_norm(x, (self.hidden_size,), weight, self.eps)
+        gate_up = lin(x, layer.gate_up_proj, "gate_up_proj")
+        return lin(self.ops.gated(gate_up, self.spec.activation), layer.down_proj, "down_proj")
 
 
 class _Linear:

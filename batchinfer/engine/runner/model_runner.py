@@ -65,7 +65,8 @@ class ModelRunner:
         self.block_size = config.block_size
         if weights is None:  # transformers' own load: its modules converted to the engine layout here
             weights = engine_weights(hf_model, config.torch_dtype)
-        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant)
+        self.model = build_model(hf_model, attention, self.device, config.torch_dtype, max_model_len, weights, quant,
+                                 config.cache_dir)
         self._set_row_pad(attention)
         shapes = BaseShapes(self.model.spec, getattr(hf_model.config, "intermediate_size", 0))
         on_cpu = self.device.type == "cpu"  # as the base: the GPU kernels keep one order per row
