@@ -111,7 +111,12 @@ def test_whole_process_timing_reports_wall_and_the_child_own_peak_rss(tmp_path, 
     assert lines[1]["body"]["messages"][1]["content"] == workload.chats[1][1]
     rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0} for s, w in
             (("batchinfer", 2.0), ("llamacpp-file", 9.0), ("llamacpp-batched", 5.0))]
-    assert "| 2.50x |" in markdown({"rows": rows})
+    assert "| 2.50x | 2.50x (2.50-2.50) |" in markdown({"rows": rows})
+    # per round: each round's own ratio; the best-of-rounds one pairs round 1's llama.cpp with round 0's ours
+    rows = [{"work": "w", "system": s, "wall_s": w, "max_rss_mib": 100.0, "rc": 0, "round": r} for s, w, r in
+            (("batchinfer", 2.0, 0), ("llamacpp-batched", 4.0, 0), ("batchinfer", 3.0, 1), ("llamacpp-batched", 3.0, 1),
+             ("batchinfer", 2.5, 2), ("llamacpp-batched", 5.0, 2))]
+    assert "| 1.50x | 2.00x (1.00-2.00) |" in markdown({"rows": rows})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
