@@ -33,12 +33,20 @@ def _requests(tmp_path: Path) -> Path:
 
 
 def test_run_in_two_processes_writes_what_one_process_writes(tmp_path, model_cache):
+    """The engine process leaves decoding to its parent (EngineConfig.detokenize): the same texts, a stop string's
+    cut (found in the child), samples and logprobs' bytes included."""
     requests = _requests(tmp_path)
+    with requests.open("a") as f:
+        f.write(chat_line("stop", "Count from one to ten in words.", max_tokens=12, stop=[","]) + "\n")
+        f.write(chat_line("n2", "Name a fruit.", max_tokens=5, n=2, temperature=0.8, seed=3) + "\n")
+        f.write(chat_line("lp", "Say hello.", max_tokens=3, logprobs=True, top_logprobs=2) + "\n")
     two = batchinfer(cli_env(tmp_path, model_cache), "run", str(requests), "-o", str(tmp_path / "two.jsonl"))
     one = batchinfer(cli_env(tmp_path, model_cache, **ONE_PROCESS), "run", str(requests), "-o", str(tmp_path / "one.jsonl"))
     assert two.returncode == one.returncode == 0, two.stderr + one.stderr
     lines = {name: (tmp_path / f"{name}.jsonl").read_text().splitlines() for name in ("one", "two")}
-    assert len(lines["two"]) == 3 and list(map(_comparable, lines["two"])) == list(map(_comparable, lines["one"]))
+    assert len(lines["two"]) == 6 and list(map(_comparable, lines["two"])) == list(map(_comparable, lines["one"]))
+    texts = [c["message"]["content"] for line in lines["two"] for c in json.loads(line)["response"]["body"]["choices"]]
+    assert len(texts) == 7 and all(texts)
     # the notes the model load prints reach the user from the engine process too
     assert [x for x in two.stderr.splitlines() if x.startswith(("dtype ", "weights "))] == \
            [x for x in one.stderr.splitlines() if x.startswith(("dtype ", "weights "))]
@@ -130,6 +138,25 @@ def test_the_engine_process_is_sent_plain_settings_and_imports_no_pydantic():
     imported, key = out.stdout.splitlines()
     assert imported == "[]"
     assert key == str(generator_key(settings)) and "'dense'" in key and ", 32," in key
+
+
+def test_the_engine_process_reads_no_tokenizer_json_for_results_its_parent_decodes(model_cache):
+    """Its parent decodes (EngineConfig.detokenize off): the load resolves the end-of-sequence id from the file's
+    added tokens alone, and a plain request leaves tokenizer.json unread (0.09 s of the child's start). In a fresh
+    process: this one's tokenizers are shared and may be loaded already."""
+    child = ("from batchinfer.engine import EngineConfig, LLMEngine\n"
+             "from batchinfer.engine.types import GenerationRequest, SamplingParams\n"
+             f"engine = LLMEngine.from_pretrained(None, {str(model_cache)!r}, EngineConfig(detokenize=False))\n"
+             "print(engine.tokenizer.loaded, sorted(engine.stop_checker.eos_token_ids))\n"
+             "ids = [1, 9690, 198, 2683, 314, 260, 3575, 282, 4649, 47, 2]\n"
+             "r, = engine.generate([GenerationRequest('r', ids, SamplingParams(max_tokens=3, temperature=0))])\n"
+             "print(r.text_pending, repr(r.text), len(r.output_token_ids), engine.tokenizer.loaded)\n"
+             "print(engine.tokenizer.eos_token_id == engine.tokenizer._tok.token_to_id(engine.tokenizer.eos_token))\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True)
+    after_load, after_generate, same_eos = out.stdout.splitlines()
+    assert after_load == "False [2]"
+    assert after_generate == "True '' 3 False"
+    assert same_eos == "True"
 
 
 def test_a_setting_the_settings_refuse_is_one_line_and_the_engine_process_is_gone(tmp_path, model_cache):

@@ -40,6 +40,10 @@ class EngineConfig:
     # None: measure at every start. LLMEngine.from_pretrained sets the model cache.
     cache_dir: str | None = None
     max_loras: int = 8  # LoRA adapters held loaded at once (least recently used evicted), and running in one step
+    # False: a result whose text is its output ids decoded comes with text_pending instead, for the caller to decode
+    # (the engine process's parent holds the tokenizer already: this process then never reads tokenizer.json
+    # unless a request needs it here: stop strings, logprobs' bytes, a grammar)
+    detokenize: bool = True
 
     def __post_init__(self):
         try:

@@ -37,7 +37,7 @@ class LLMEngine:
         attention = make_attention_backend(self.config.attention_backend, self.config.device, self.config.cache_dir,
                                            self.config.torch_dtype)
         eos = eos_token_ids(loaded)
-        self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len)
+        self.stop_checker = StopChecker(self.tokenizer, eos, self.max_model_len, self.config.detokenize)
         self.grammar = GrammarRunner(self.tokenizer, hf_config.vocab_size, frozenset(eos), self.stop_checker.token_bytes)
         self.runner = ModelRunner(loaded.hf_model, self.config, attention, self.max_model_len, loaded.weights,
                                   frozenset(eos), self.grammar, loaded.quant)
@@ -290,10 +290,11 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
     # Finished means scheduled and sampled at least once: the reason and every time are set.
     assert seq.finish_reason is not None and seq.first_scheduled_time is not None
     assert seq.first_token_time is not None and seq.last_token_time is not None
+    text = stop_checker.final_text(seq)
     return GenerationResult(
         request_id=seq.request_id,
         output_token_ids=seq.output_token_ids,
-        text=stop_checker.final_text(seq),
+        text=text or "",
         finish_reason=seq.finish_reason,
         prompt_tokens=seq.num_prompt_tokens,
         cached_tokens=seq.num_cached_tokens or 0,
@@ -304,6 +305,7 @@ def sequence_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResul
         embedding=seq.embedding,
         logprobs=[stop_checker.with_bytes(e) for e in seq.logprobs] if seq.sampling.logprobs is not None else None,
         stop_reason=seq.stop_reason,
+        text_pending=text is None,
     )
 
 
@@ -311,11 +313,12 @@ def aborted_result(seq: Sequence, stop_checker: StopChecker) -> GenerationResult
     """What an aborted sequence reports: the tokens it had; a sequence never scheduled has its arrival as every time."""
     t = seq.arrival_time
     first = seq.first_scheduled_time or t
+    text = stop_checker.final_text(seq)
     return GenerationResult(
-        request_id=seq.request_id, output_token_ids=seq.output_token_ids, text=stop_checker.final_text(seq),
+        request_id=seq.request_id, output_token_ids=seq.output_token_ids, text=text or "",
         finish_reason="abort", prompt_tokens=seq.num_prompt_tokens, cached_tokens=seq.num_cached_tokens or 0,
         arrival_time=t, first_scheduled_time=first, first_token_time=seq.first_token_time or first,
-        last_token_time=seq.last_token_time or first)
+        last_token_time=seq.last_token_time or first, text_pending=text is None)
 
 
 def loaded_weight_format(config: EngineConfig, loaded: LoadedModel) -> EngineConfig:

@@ -130,6 +130,9 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per output token when the request asked for logprobs
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it, else None
     samples: list[GenerationResult] | None = None  # n > 1: every sample, index 0..n-1 (the fields above are sample 0's)
+    # text is "" until decoded from output_token_ids by whoever holds the tokenizer (EngineConfig.detokenize off:
+    # the engine process's results, decoded in its parent before anything reads them)
+    text_pending: bool = False
 
     @classmethod
     def failed(cls, req: "GenerationRequest", message: str) -> "GenerationResult":

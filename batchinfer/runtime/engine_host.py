@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.jobs.intake.tokenizer import remember_tokenizer
 from batchinfer.runtime.null_generator import NullGenerator
@@ -31,11 +31,12 @@ class EngineSettings:
     weight_format: str
     max_loaded_adapters: int
     device: str | None
+    detokenize: bool = True  # EngineConfig.detokenize: the engine process's parent decodes its results
 
     @classmethod
     def of(cls, settings: Settings | EngineSettings) -> EngineSettings:
-        return cls(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)} |
-                   {"model_cache": str(settings.model_cache)})
+        values: dict[str, Any] = {f.name: getattr(settings, f.name, f.default) for f in dataclasses.fields(cls)}
+        return cls(**values | {"model_cache": str(settings.model_cache)})
 
 
 def engine_config(settings: Settings | EngineSettings):
@@ -49,7 +50,8 @@ def engine_config(settings: Settings | EngineSettings):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return EngineConfig(device=device, kv_cache_bytes=settings.kv_cache_bytes, dtype=settings.dtype,
                         block_size=settings.kv_block_size, pooling=settings.embedding_pooling,
-                        weight_format=settings.weight_format, max_loras=settings.max_loaded_adapters)
+                        weight_format=settings.weight_format, max_loras=settings.max_loaded_adapters,
+                        detokenize=getattr(settings, "detokenize", True))
 
 
 def get_generator(settings: Settings | EngineSettings):

@@ -13,6 +13,8 @@ EXTRA = [[{"role": "user", "content": "Spaces  and\ttabs\n\nnew lines, é, 日�
 
 def test_light_tokenizer_gives_transformers_ids_on_every_test_prompt(loaded_model, chat_prompts):
     light, hf = LightTokenizer(Path(loaded_model.path)), loaded_model.tokenizer
+    # the special ids come from tokenizer.json's added tokens without reading the vocabulary
+    assert (light.eos_token_id, light.pad_token_id) == (hf.eos_token_id, hf.pad_token_id) and not light.loaded
     for messages in chat_prompts + EXTRA:
         text = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert light.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == text

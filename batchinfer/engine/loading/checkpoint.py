@@ -8,8 +8,11 @@ from typing import Any, Protocol
 
 class Tokenizer(Protocol):
     """What the engine and validation use of a tokenizer: light_loader.LightTokenizer or a transformers one."""
-    eos_token_id: int | None
-    pad_token_id: int | None
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
 
     def encode(self, text: str, /, add_special_tokens: bool = ...) -> list[int]: ...
 

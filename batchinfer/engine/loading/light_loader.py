@@ -7,11 +7,15 @@ transformers' apply_chat_template + encode (tests/engine/test_light_loader.py ch
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+import re
+from functools import cached_property, lru_cache
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from batchinfer.engine.loading.template_shapes import ShapeRenderer, contents_only_printed
+
+ADDED_TOKENS = re.compile(r'"added_tokens"\s*:\s*')  # its first match is the top-level key (a string's quotes are escaped)
 
 
 @lru_cache(maxsize=4)
@@ -21,18 +25,60 @@ def light_tokenizer(folder: Path) -> "LightTokenizer":
 
 
 class LightTokenizer:
-    def __init__(self, folder: Path):
-        from tokenizers import Tokenizer  # lazy: tokenizers, when a tokenizer loads
+    """tokenizer.json is read on first use (0.08-0.09 s): an engine process whose results its parent decodes
+    (runtime/remote_generator.py) reads only the special tokens' ids, from the file's added_tokens."""
 
-        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    def __init__(self, folder: Path):
+        self._folder = folder
+        self._backend: Any = None  # tokenizers.Tokenizer, once read
         config = _read_json(folder / "tokenizer_config.json")
         self.special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         self.eos_token = self.special["eos_token"]
-        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
-        self.pad_token_id = self._tok.token_to_id(self.special["pad_token"]) if self.special["pad_token"] else None
         template = folder / "chat_template.jinja"
         self.chat_template = template.read_text() if template.exists() else config.get("chat_template")
         self._template: ShapeRenderer | None = None
+
+    @property
+    def _tok(self):
+        if self._backend is None:
+            from tokenizers import Tokenizer  # lazy: tokenizers, when a tokenizer loads
+
+            self._backend = Tokenizer.from_file(str(self._folder / "tokenizer.json"))
+        return self._backend
+
+    @cached_property
+    def eos_token_id(self) -> int | None:
+        return self._special_id(self.eos_token)
+
+    @cached_property
+    def pad_token_id(self) -> int | None:
+        return self._special_id(self.special["pad_token"])
+
+    @property
+    def loaded(self) -> bool:
+        """Whether tokenizer.json has been read (the tests check who reads it)."""
+        return self._backend is not None
+
+    def _special_id(self, text: str | None) -> int | None:
+        if text is None:
+            return None
+        if self._backend is None and text in self._added_ids:
+            return self._added_ids[text]
+        return self._tok.token_to_id(text)
+
+    @cached_property
+    def _added_ids(self) -> dict[str, int]:
+        """tokenizer.json's added tokens (content -> id) without the vocabulary: the array is near the file's start
+        and parsed alone (the special tokens are among them)."""
+        text = (self._folder / "tokenizer.json").read_text()
+        found = ADDED_TOKENS.search(text)
+        if found is None:
+            return {}
+        try:
+            tokens, _ = json.JSONDecoder().raw_decode(text, found.end())
+        except ValueError:
+            return {}
+        return {t["content"]: t["id"] for t in tokens if isinstance(t, dict) and "content" in t and "id" in t}
 
     def __len__(self) -> int:  # as transformers' tokenizers: the vocabulary with its added tokens
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -5,6 +5,7 @@ decodes only the last few tokens, and holds text back while it ends in a partial
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
@@ -15,11 +16,19 @@ from ..types import TokenLogprob
 REPLACEMENT_CHAR = "\ufffd"  # what a partial UTF-8 character decodes to
 
 
+def decoded_text(decode: Callable[[list[int]], str], token_ids: list[int], finish_reason: str | None) -> str:
+    """A result's text where no stop string cut it: its output ids decoded, special tokens skipped; a max_tokens
+    cut inside a multi-byte character drops that character's first bytes."""
+    text = decode(token_ids)
+    return text.rstrip(REPLACEMENT_CHAR) if finish_reason == "length" else text
+
+
 class StopChecker:
-    def __init__(self, tokenizer, eos_token_ids: AbstractSet[int], max_model_len: int):
+    def __init__(self, tokenizer, eos_token_ids: AbstractSet[int], max_model_len: int, detokenize: bool = True):
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.detokenize = detokenize  # False: final_text leaves the plain decode to the caller (None)
         self.token_bytes = TokenBytes(tokenizer)
 
     def __call__(self, seq: Sequence) -> str | None:
@@ -67,10 +76,8 @@ class StopChecker:
         return replace(entry, token_bytes=self.token_bytes(entry.token_id),
                        top_bytes=tuple(self.token_bytes(t) for t, _ in entry.top))
 
-    def final_text(self, seq: Sequence) -> str:
+    def final_text(self, seq: Sequence) -> str | None:
+        """The result's text; None where it is the output ids decoded and the caller decodes (detokenize off)."""
         if seq.sampling.stop and seq.finish_reason == "stop" and seq.token_ids[-1] not in self.eos_token_ids:
             return seq.text  # already cut at the stop string
-        text = self.decode(seq.output_token_ids)
-        if seq.finish_reason == "length":
-            text = text.rstrip(REPLACEMENT_CHAR)  # max_tokens cut a multi-byte character: drop its first bytes
-        return text
+        return decoded_text(self.decode, seq.output_token_ids, seq.finish_reason) if self.detokenize else None

@@ -2,6 +2,8 @@
 (GPT-2's byte-to-character map inverted), the token decoded alone otherwise. Looked up lazily, cached."""
 from __future__ import annotations
 
+from functools import cached_property
+
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's reversible byte -> printable character map, inverted."""
@@ -23,7 +25,10 @@ class TokenBytes:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._cache: dict[int, bytes] = {}
-        self._special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
+
+    @cached_property
+    def _special(self) -> frozenset[int]:  # on the first lookup: the tokenizer may load lazily
+        return frozenset(getattr(self.tokenizer, "all_special_ids", ()) or ())
 
     def __call__(self, token_id: int) -> bytes:
         found = self._cache.get(token_id)
