@@ -1,6 +1,5 @@
-// The quantized models' float32 glue on the CPU: RMSNorm (with the residual add before it) and SwiGLU, each one
-// pass over its rows where torch takes four to seven ops (pow, mean, add, rsqrt, mul, mul; silu, mul) and a
-// temporary each (layers/cpu_ops.py: 0.1 s of SmolLM2's shared-document run).
+// The quantized models' float32 glue on the CPU (layers/cpu_ops.py): RMSNorm with the residual add before it, and
+// SwiGLU, each one pass over its rows.
 //
 // A row's arithmetic is its own, so a token gets the same bits in any batch. Both builds compute 16 lanes the
 // same way (AVX2 in two registers), so a row gets the same bits on every CPU:
@@ -25,20 +24,27 @@ static inline __m256i tail_mask8(int n) {  // lanes 0..n-1 (n may be <= 0 or >= 
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
 }
 
-static inline __m256 exp8(__m256 x) {  // Cephes' expf on [-87.3, 88.3]
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+// Cephes' expf on [-87.3, 88.3] (arguments clamped): x = n ln2 + r, 2^n * p(r). One body for both widths (P: the
+// intrinsics' prefix, FLOOR and CAST: its floor and int-to-float cast), so the two builds give the same bits.
+#define EXP_CLAMPED(P, FLOOR, CAST, x, out) do {                                                            \
+    x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.3f)), P##_set1_ps(88.3f));                             \
+    const __typeof__(x) n = FLOOR(P##_fmadd_ps(x, P##_set1_ps(1.44269504088896341f), P##_set1_ps(0.5f))); \
+    x = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                                 \
+    x = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), x);                                              \
+    __typeof__(x) y = P##_set1_ps(1.9875691500e-4f);                                                    \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(1.3981999507e-3f));                                              \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(8.3334519073e-3f));                                              \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(4.1665795894e-2f));                                              \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(1.6666665459e-1f));                                              \
+    y = P##_fmadd_ps(y, x, P##_set1_ps(5.0000001201e-1f));                                              \
+    y = P##_fmadd_ps(y, P##_mul_ps(x, x), P##_add_ps(x, P##_set1_ps(1.0f)));                            \
+    out = P##_mul_ps(y, CAST(P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23)));  \
+} while (0)
+
+static inline __m256 exp8(__m256 x) {
+    __m256 out;
+    EXP_CLAMPED(_mm256, _mm256_floor_ps, _mm256_castsi256_ps, x, out);
+    return out;
 }
 
 // ---- AVX2 (the 16 lanes in two registers) ----
@@ -83,21 +89,12 @@ static void silu_mul_avx2(float *g, const float *u, int n) {
 #pragma GCC target("avx512f")
 static inline __mmask16 tail_mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
+static inline __m512 floor16(__m512 x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    const __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n));
+    __m512 out;
+    EXP_CLAMPED(_mm512, floor16, _mm512_castsi512_ps, x, out);
+    return out;
 }
 
 static float ssq_avx512(const float *x, int h) {
