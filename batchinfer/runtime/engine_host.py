@@ -35,7 +35,8 @@ class EngineSettings:
 
     @classmethod
     def of(cls, settings: Settings | EngineSettings) -> EngineSettings:
-        values: dict[str, Any] = {f.name: getattr(settings, f.name, f.default) for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {f.name: getattr(settings, f.name) if f.default is dataclasses.MISSING
+                                  else getattr(settings, f.name, f.default) for f in dataclasses.fields(cls)}
         return cls(**values | {"model_cache": str(settings.model_cache)})
 
 
