@@ -3,6 +3,8 @@ make of the shipped SmolLM2 file against gguf's and transformers' own readings o
 the model's greedy output checked the vLLM way (check_logprobs_close) against transformers fp32."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +131,37 @@ def test_gguf_greedy_is_close_to_transformers_fp32(gguf_model, loaded_model, pro
     exact, problems = greedy_closeness(engine, loaded_model, prompt_token_ids, hf_reference, MAX_NEW_TOKENS)
     print(f"\ngguf (int8 activations) exact match with transformers fp32: {exact}/{len(prompt_token_ids)} prompts")
     assert not problems, problems
+
+
+def test_a_first_load_repacks_while_another_process_still_writes_the_small_files(tmp_path):
+    """On a first run the CLI converts the tokenizer under the small files' lock; the engine process repacks the
+    weights beside the folder meanwhile, not after, and moves them in once the small files are there."""
+    import fcntl
+    import shutil
+    import threading
+    import time
+    from pathlib import Path
+
+    from batchinfer.engine.gguf.files import cache_folder
+
+    from conftest import model_cache_dir
+
+    cache = tmp_path / "cache"
+    if (Path(model_cache_dir()) / "kernels").exists():  # this machine's kernels, not a gcc run per test
+        shutil.copytree(Path(model_cache_dir()) / "kernels", cache / "kernels")
+    folder = cache_folder(Path(default_model_path()), cache)
+    folder.parent.mkdir(parents=True)
+    loaded: list = []
+    with open(folder.parent / f".{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process converting the tokenizer
+        load = threading.Thread(target=lambda: loaded.append(load_gguf(default_model_path(), cache)))
+        load.start()
+        beside = folder.parent / f".{folder.name}.packed-{os.getpid()}"
+        deadline = time.time() + 60
+        while not beside.exists() and time.time() < deadline and load.is_alive():
+            time.sleep(0.05)
+        assert beside.exists() and not folder.exists()  # repacked, whole (renamed into place), the lock still held
+        assert load.is_alive()  # now waiting for the small files
+    load.join(300)
+    assert loaded and (folder / "weights.packed").exists() and (folder / "config.json").exists()
+    assert not beside.exists() and loaded[0].folder == folder
