@@ -133,7 +133,7 @@ def test_gguf_greedy_is_close_to_transformers_fp32(gguf_model, loaded_model, pro
     assert not problems, problems
 
 
-def test_a_first_load_repacks_while_another_process_still_writes_the_small_files(tmp_path):
+def test_a_first_load_repacks_while_another_process_still_writes_the_small_files(tmp_path, model_cache):
     """On a first run the CLI converts the tokenizer under the small files' lock; the engine process repacks the
     weights beside the folder meanwhile, not after, and moves them in once the small files are there."""
     import fcntl
@@ -144,11 +144,9 @@ def test_a_first_load_repacks_while_another_process_still_writes_the_small_files
 
     from batchinfer.engine.gguf.files import cache_folder
 
-    from conftest import model_cache_dir
-
     cache = tmp_path / "cache"
-    if (Path(model_cache_dir()) / "kernels").exists():  # this machine's kernels, not a gcc run per test
-        shutil.copytree(Path(model_cache_dir()) / "kernels", cache / "kernels")
+    if (Path(model_cache) / "kernels").exists():  # this machine's kernels, not a gcc run per test
+        shutil.copytree(Path(model_cache) / "kernels", cache / "kernels")
     folder = cache_folder(Path(default_model_path()), cache)
     folder.parent.mkdir(parents=True)
     loaded: list = []
