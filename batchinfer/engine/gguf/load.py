@@ -82,18 +82,17 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     first = not (folder / "weights.packed").exists()
     if first:
         start_packer_build(str(cache_dir))  # the repack alone: 0.4 s of gcc, not the kernel's 3-4 s
-    if first:  # repacked while the kernel's GEMMs compile, beside the folder: a first run's CLI may still be
-        # writing the small files (the tokenizer's conversion, 1-3 s), and this need not wait for them
-        beside = folder.parent / f".{folder.name}.packed-{os.getpid()}"
-        try:
+    beside = folder.parent / f".{folder.name}.packed-{os.getpid()}"
+    try:
+        if first:  # repacked while the kernel's GEMMs compile, beside the folder: a first run's CLI may still be
+            # writing the small files (the tokenizer's conversion, 1-3 s), and this need not wait for them
             write_packed(sources, load_packer(str(cache_dir)), beside)
-            if not (folder / "config.json").exists():
-                write_small_files(g, config, folder)
+        if not (folder / "config.json").exists():
+            write_small_files(g, config, folder)
+        if first:
             os.replace(beside, folder / "weights.packed")
-        finally:
-            beside.unlink(missing_ok=True)
-    elif not (folder / "config.json").exists():
-        write_small_files(g, config, folder)
+    finally:
+        beside.unlink(missing_ok=True)
     kernel = load_kernel(str(cache_dir), types)
     packed = packed_weights(sources, kernel, folder / "weights.packed")
     quant = {p.name: StackedWeight([packed[part.key] for part in p.parts]) for p in plan}

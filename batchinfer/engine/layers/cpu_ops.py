@@ -52,8 +52,7 @@ class CpuOps(TorchOps):
     def add_norm(self, hidden: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         if not (_rows(hidden) and _rows(y) and y.shape == hidden.shape and (weight is None or _vector(weight))):
             return super().add_norm(hidden, y, weight)
-        out = self._add_norm(hidden, y, weight)
-        return hidden if weight is None else out
+        return self._add_norm(hidden, y, weight)
 
     def gated(self, gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         if activation != "silu" or not _rows(gate_up):
@@ -63,6 +62,7 @@ class CpuOps(TorchOps):
         return gate_up[:, :inter]
 
     def _add_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor | None) -> torch.Tensor:
+        """x += y where given; then x's norm, or x itself when no weight."""
         n, h = x.shape
         out = torch.empty(n, h, dtype=torch.float32) if weight is not None else x
         self.lib.add_rms_norm(x.data_ptr(), x.stride(0), None if y is None else y.data_ptr(),
