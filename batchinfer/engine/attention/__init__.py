@@ -1,9 +1,6 @@
 """Attention backends behind one contract (base.py); pick one by name."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 
 from .base import AttentionBackend, AttentionMetadata
@@ -40,8 +37,9 @@ def _auto(device: str, dtype: torch.dtype, cache_dir: str | None) -> str:
 
 
 def _user_cache() -> str:
-    """Where kernels build when the engine has no model cache: the user's own cache, never a shared /tmp."""
-    return str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchinfer")
+    from ..machine.native_build import user_cache  # lazy: only for the CPU backend
+
+    return str(user_cache())
 
 
 def _triton_available() -> bool:

@@ -33,22 +33,45 @@ def avx512_supported() -> bool:
     return cpu_supported(AVX512_CPU_FLAGS)
 
 
+def user_cache() -> Path:
+    """The user's own cache, never a shared /tmp: its kernels/ holds what `python -m batchinfer.engine.prebuild`
+    built at install (found before a model cache's own), and is where kernels build for an engine without one."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "batchinfer"
+
+
+def _library(source: Path, isa: tuple[str, ...], extra: tuple[str, ...], units: tuple[Path, ...]) -> tuple[str, tuple[str, ...]]:
+    """The library's file name, keyed by source, the headers beside it and the flags; and the flags."""
+    flags = (*FLAGS, *isa, *extra)
+    text = b"".join(f.read_bytes() for f in (source, *units))
+    text += b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    return f"{source.stem}-{hashlib.sha256(text + ' '.join(flags).encode()).hexdigest()[:16]}.so", flags
+
+
+def existing_library(source: Path, cache_dir: str, isa: tuple[str, ...] = AVX2, extra: tuple[str, ...] = (),
+                     units: tuple[Path, ...] = ()) -> Path | None:
+    """The library of these sources and flags if built already: at install (the user's cache) or in cache_dir."""
+    return _found(_library(source, isa, extra, units)[0], cache_dir)
+
+
+def _found(name: str, cache_dir: str) -> Path | None:
+    return next((p for p in (user_cache() / "kernels" / name, Path(cache_dir) / "kernels" / name) if p.exists()), None)
+
+
 def built_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] = AVX2,
                   extra: tuple[str, ...] = (), units: tuple[Path, ...] = ()) -> Path:
-    """The library of `source`, built into cache_dir/kernels the first time (keyed by source, the headers beside
-    it and the flags), not loaded: safe in a thread beside other work; the caller loads it with ctypes after
-    importing torch (its libgomp must be loaded before ours resolves it). `units`: more C files linked in, each
-    compiled in its own gcc beside the others (the cores share a long build)."""
+    """The library of `source`, found built (existing_library) or built into cache_dir/kernels, not loaded: safe in
+    a thread beside other work; the caller loads it with ctypes after importing torch (its libgomp must be loaded
+    before ours resolves it). `units`: more C files linked in, each compiled in its own gcc beside the others (the
+    cores share a long build)."""
     needed = AVX512_CPU_FLAGS if isa == AVX512 else CPU_FLAGS
     if not cpu_supported(needed):
         raise NativeKernelUnavailable(f"the {what} needs a CPU with {', '.join(needed)}")
-    flags = (*FLAGS, *isa, *extra)
-    sources = (source, *units)
-    text = b"".join(f.read_bytes() for f in sources) + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    key = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / "kernels" / f"{source.stem}-{key}.so"
-    if not path.exists():
-        _compile(sources, path, what, flags)
+    name, flags = _library(source, isa, extra, units)
+    found = _found(name, cache_dir)
+    if found is not None:
+        return found
+    path = Path(cache_dir) / "kernels" / name
+    _compile((source, *units), path, what, flags)
     return path
 
 

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..machine.cpuinfo import cpu_flags, cpu_info
-from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported
+from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported, existing_library
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it
@@ -84,13 +84,23 @@ def cpu_paths() -> int:
     return 2 | (4 if "amx_int8" in flags and "amx_tile" in flags else 0)
 
 
+def _flags(types: frozenset[str] | None) -> tuple[str, ...]:
+    """gcc's flags for `types` on this CPU's paths; for None, every type on every path (tests compare them)."""
+    mask = sum(1 << TYPES[t] for t in types) if types else 0
+    return ("-ffp-contract=off", *((f"-DQK_TYPES={mask}", f"-DQK_PATHS={cpu_paths()}") if mask else ()))
+
+
 def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
     """Compile the kernel in the background (gcc runs beside the model's load); load_kernel waits for it. `types`:
     a model's own block types' GEMMs, on this CPU's paths only (a first load compiles about a fifth of the whole
-    kernel); without, every type and path (tests compare the paths)."""
-    mask = sum(1 << TYPES[t] for t in types) if types else 0
-    extra = ("-ffp-contract=off", *((f"-DQK_TYPES={mask}", f"-DQK_PATHS={cpu_paths()}") if mask else ()))
-    return _builds.submit(built_library, SOURCE, cache_dir, "integer kernel", extra=extra, units=UNITS)
+    kernel), unless every type's is built already for this CPU (at install: prebuild.py); without, every type and
+    path."""
+    return _builds.submit(_built, cache_dir, types)
+
+
+def _built(cache_dir: str, types: frozenset[str] | None) -> Path:
+    every = existing_library(SOURCE, cache_dir, extra=_flags(frozenset(TYPES)), units=UNITS) if types else None
+    return every or built_library(SOURCE, cache_dir, "integer kernel", extra=_flags(types), units=UNITS)
 
 
 @lru_cache(maxsize=4)
