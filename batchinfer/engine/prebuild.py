@@ -20,7 +20,8 @@ from .quant.kernel import TYPES, start_build, start_packer_build
 def prebuild_kernels() -> list[Path]:
     """Every kernel this CPU runs, built side by side (each its own gcc), into user_cache()/kernels."""
     cache = str(user_cache())
-    builds = [start_build(cache, frozenset(TYPES)), start_packer_build(cache), start_attention_build(cache),
+    every = frozenset(TYPES)
+    builds = [start_build(cache, every), start_packer_build(cache, every), start_attention_build(cache),
               start_ops_build(cache)]
     return [build.result() for build in builds]
 

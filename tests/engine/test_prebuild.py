@@ -30,9 +30,10 @@ def test_a_first_load_compiles_nothing_after_the_install_built_the_kernels(tmp_p
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(user))
     models = tmp_path / "models"  # an empty model cache
-    kernel = load_kernel(str(models), frozenset({"Q4_K", "Q6_K"}))  # a Q4_K_M file's types: the install's library
-    assert Path(kernel.lib._name).parent == built
-    for build in (start_packer_build, start_attention_build, start_ops_build):
+    q4_k_m = frozenset({"Q4_K", "Q6_K"})  # a Q4_K_M file's types: the install's every-type libraries
+    assert Path(load_kernel(str(models), q4_k_m).lib._name).parent == built
+    assert start_packer_build(str(models), q4_k_m).result().parent == built
+    for build in (start_attention_build, start_ops_build):
         assert build(str(models)).result().parent == built
     assert not (models / "kernels").exists()
 

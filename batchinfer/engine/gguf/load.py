@@ -81,12 +81,12 @@ def load_gguf(path: str | Path, cache_dir: str | Path) -> GGUFModel:
     folder = cache_folder(path, cache_dir)
     first = not (folder / "weights.packed").exists()
     if first:
-        start_packer_build(str(cache_dir))  # the repack alone: 0.4 s of gcc, not the kernel's 3-4 s
+        start_packer_build(str(cache_dir), types)  # the repack alone: 0.4 s of gcc, not the kernel's 3-4 s
     beside = folder.parent / f".{folder.name}.packed-{os.getpid()}"
     try:
         if first:  # repacked while the kernel's GEMMs compile, beside the folder: a first run's CLI may still be
             # writing the small files (the tokenizer's conversion, 1-3 s), and this need not wait for them
-            write_packed(sources, load_packer(str(cache_dir)), beside)
+            write_packed(sources, load_packer(str(cache_dir), types), beside)
         if not (folder / "config.json").exists():
             write_small_files(g, config, folder)
         if first:

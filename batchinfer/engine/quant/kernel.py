@@ -95,12 +95,12 @@ def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
     a model's own block types' GEMMs, on this CPU's paths only (a first load compiles about a fifth of the whole
     kernel), unless every type's is built already for this CPU (at install: prebuild.py); without, every type and
     path."""
-    return _builds.submit(_built, cache_dir, types)
+    return _builds.submit(_built, SOURCE, UNITS, "integer kernel", cache_dir, types)
 
 
-def _built(cache_dir: str, types: frozenset[str] | None) -> Path:
-    every = existing_library(SOURCE, cache_dir, extra=_flags(frozenset(TYPES)), units=UNITS) if types else None
-    return every or built_library(SOURCE, cache_dir, "integer kernel", extra=_flags(types), units=UNITS)
+def _built(source: Path, units: tuple[Path, ...], what: str, cache_dir: str, types: frozenset[str] | None) -> Path:
+    every = existing_library(source, cache_dir, extra=_flags(frozenset(TYPES)), units=units) if types else None
+    return every or built_library(source, cache_dir, what, extra=_flags(types), units=units)
 
 
 @lru_cache(maxsize=4)
@@ -127,8 +127,8 @@ def load_kernel(cache_dir: str, types: frozenset[str] | None = None) -> Kernel:
 
 @dataclass(frozen=True)
 class Packer:
-    """The repack alone (qrepack.c, built in 0.4 s): a model's first load repacks the GGUF with it while the
-    kernel's GEMMs compile (3-4 s of gcc); packed.py's packed_size and repack take it or a Kernel."""
+    """The repack alone (qrepack.c, 0.4 s of gcc for a model's types): a model's first load repacks the GGUF with
+    it while the kernel's GEMMs compile (3-4 s of gcc); packed.py's packed_size and repack take it or a Kernel."""
     lib: ctypes.CDLL
 
 
@@ -136,15 +136,16 @@ _packer_builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qrepack-b
 
 
 @lru_cache(maxsize=4)
-def start_packer_build(cache_dir: str) -> Future:
-    return _packer_builds.submit(built_library, REPACK_SOURCE, cache_dir, "integer kernel's repack")
+def start_packer_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
+    """`types`: a model's own block types' repack is specialized (the rest in one generic copy), as start_build."""
+    return _packer_builds.submit(_built, REPACK_SOURCE, (), "integer kernel's repack", cache_dir, types)
 
 
 @lru_cache(maxsize=4)
-def load_packer(cache_dir: str) -> Packer:
+def load_packer(cache_dir: str, types: frozenset[str] | None = None) -> Packer:
     import torch  # noqa: F401  (its libgomp must be loaded before ours resolves it)
 
-    return Packer(_with_repack(ctypes.CDLL(str(start_packer_build(cache_dir).result()))))
+    return Packer(_with_repack(ctypes.CDLL(str(start_packer_build(cache_dir, types).result()))))
 
 
 def _with_repack(lib: ctypes.CDLL) -> ctypes.CDLL:
