@@ -98,7 +98,7 @@ static inline int kq_value(const int t, const uint8_t *rec, int i, int n) {
     }
 }
 
-static inline __attribute__((always_inline)) void kq_put(const int t, uint8_t *rec, int i, int n, int x) {
+static inline void kq_put(const int t, uint8_t *rec, int i, int n, int x) {
     uint8_t *p = rec + layout_of(t).off_sc + n;
     switch (QT[t].sbits) {
     case 8: p[16 * i] = (uint8_t)x; break;
@@ -190,7 +190,7 @@ typedef struct {
     uint16_t d, dm;  // fp16 bits: d, and the min (Q4_1/Q5_1: m; K-quants: dmin)
 } block_t;
 
-static inline __attribute__((always_inline)) void decode_block(const int t, const uint8_t *b, block_t *o) {
+static void decode_block(const int t, const uint8_t *b, block_t *o) {
     uint16_t d16, m16;
     memcpy(&d16, b, 2);
     o->d = d16;

@@ -7,7 +7,7 @@ static int64_t packed_bytes_of(int t, int64_t n, int64_t k) {
 }
 
 // One record: 16 channels' decoded blocks (a channel past N is all zero) -> rec.
-static inline __attribute__((always_inline)) void write_record(const int t, const block_t *blk, uint8_t *rec) {
+static void write_record(const int t, const block_t *blk, uint8_t *rec) {
     const qtype_t q = QT[t];
     const layout_t L = layout_of(t);
     memset(rec, 0, (size_t)L.record_bytes);
@@ -47,10 +47,11 @@ static inline __attribute__((always_inline)) void write_record(const int t, cons
     }
 }
 
-// Panel p's records from its 16 rows of raw; t a constant in each copy (repack_rows), so decode_block's and
-// write_record's type branches fold away (a 1B Q4_K_M file's repack, Zen 4: 2.1 -> 0.4 CPU s).
-static inline __attribute__((always_inline)) void repack_panel(const int t, const uint8_t *raw, int64_t row_bytes,
-                                                               int64_t N, int64_t nsb, const int64_t *rows, int64_t p, uint8_t *out) {
+// Panel p's records from its 16 rows of raw (N rows of K / sb GGUF blocks, row_bytes apart); output channel n is
+// raw row rows[n] (rows NULL: row n), which undoes a file's row order (llama.cpp's RoPE permutation of q and k).
+static inline void repack_panel(const int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K,
+                                const int64_t *rows, int64_t p, uint8_t *out) {
+    const int64_t nsb = K / QT[t].sb;
     block_t blk[PANEL];
     for (int64_t s = 0; s < nsb; s++) {
         for (int n = 0; n < PANEL; n++) {
@@ -62,30 +63,11 @@ static inline __attribute__((always_inline)) void repack_panel(const int t, cons
     }
 }
 
-static __attribute__((noinline)) void repack_panel_any(const int t, const uint8_t *raw, int64_t row_bytes, int64_t N,
-                                                        int64_t nsb, const int64_t *rows, int64_t p, uint8_t *out) {
-    repack_panel(t, raw, row_bytes, N, nsb, rows, p, out);
-}
-
-// A copy per type of this build (QK_TYPES: a model's kernel has its own types'), the rest in one generic copy.
-#define REPACK_CASE(T)                                                                                    \
-    case T:                                                                                               \
-        if ((QK_TYPES >> (T)) & 1) repack_panel(T, raw, row_bytes, N, nsb, rows, p, out);                 \
-        else repack_panel_any(t, raw, row_bytes, N, nsb, rows, p, out);                                   \
-        break;
-
-// raw: N rows of K / sb GGUF blocks (row_bytes apart) -> out (packed_bytes_of(t, N, K)); output channel n is raw
-// row rows[n] (rows NULL: row n), which undoes a file's row order (llama.cpp's RoPE permutation of q and k).
+// raw -> out (packed_bytes_of(t, N, K)), every type in one copy (qrepack.c has a copy per type, for a first load).
 static void repack_rows(int t, const uint8_t *raw, int64_t row_bytes, int64_t N, int64_t K, const int64_t *rows, uint8_t *out,
             int threads) {
-    const int64_t nsb = K / QT[t].sb, panels = (N + PANEL - 1) / PANEL;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t p = 0; p < panels; p++) {
-        switch (t) {
-            REPACK_CASE(Q4_0) REPACK_CASE(Q4_1) REPACK_CASE(Q5_0) REPACK_CASE(Q5_1) REPACK_CASE(Q8_0)
-            REPACK_CASE(Q2_K) REPACK_CASE(Q3_K) REPACK_CASE(Q4_K) REPACK_CASE(Q5_K) REPACK_CASE(Q6_K)
-        }
-    }
+    for (int64_t p = 0; p < (N + PANEL - 1) / PANEL; p++) repack_panel(t, raw, row_bytes, N, K, rows, p, out);
 }
 
 // Rows `ids` of a GGUF tensor as float32 [n_ids, K], as gguf's numpy dequantize gives them.
