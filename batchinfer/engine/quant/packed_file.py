@@ -8,6 +8,7 @@ blocks take the GGUF's own bytes (qtypes.h).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -15,6 +16,7 @@ import struct
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from .packed import PackedWeight, packed_size, repack
 
 VERSION = 2  # 2: K-quant scales packed as the file packs them (bump the cache keys that name it)
 ALIGN = 64
+SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start write-out of the range's dirty pages, do not wait
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,11 @@ def build(sources: list[Source], kernel: Kernel | Packer, path: Path) -> None:
             for source in sources:
                 _, n, k, start, nbytes = entries[source.name]
                 repack(kernel, source.qtype, source.blocks(), n, k, view[start:start + nbytes], source.rows)
-                out.flush(start - start % mmap.PAGESIZE, nbytes + start % mmap.PAGESIZE)
+                _write_back(fd, out, start, nbytes)
                 drop(out, start, nbytes)
                 source.done()
             del view
+        os.fdatasync(fd)  # all of it on disk before the name points at it
         os.close(fd)
         fd = -1
         os.replace(tmp, path)  # a concurrent builder's file is as good as ours
@@ -101,6 +105,27 @@ def quantize_q8_0(weight: np.ndarray) -> np.ndarray:
     from gguf import GGMLQuantizationType, quants  # lazy: gguf's numpy quantizer, while a cache file is built
 
     return quants.quantize(np.ascontiguousarray(weight, dtype=np.float32), GGMLQuantizationType.Q8_0)
+
+
+def _write_back(fd: int, mapped: mmap.mmap, start: int, nbytes: int) -> None:
+    """Start writing a range's pages to disk without waiting (Linux's sync_file_range; the build's fdatasync waits
+    at the end): the disk writes one tensor while the next is repacked, where msync waited for each in turn
+    (0.5-0.8 s of a 1B file's first load). Elsewhere, msync."""
+    first = start - start % mmap.PAGESIZE
+    start_write = _sync_file_range()
+    if start_write is None or start_write(fd, first, nbytes + start - first, SYNC_FILE_RANGE_WRITE) != 0:
+        mapped.flush(first, nbytes + start - first)
+
+
+@lru_cache(maxsize=1)
+def _sync_file_range():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def drop(mapped: mmap.mmap, start: int, nbytes: int) -> None:
