@@ -55,8 +55,8 @@ class GGUFModel:
 def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[str, str]:
     """("gguf" or "dense", why) for weight_format "auto" or "gguf". A file the kernel cannot read (an unknown
     architecture or block type) raises UnsupportedGGUF, one line naming the tensor; so does "gguf" on a CPU
-    without the kernel's instructions."""
-    from ..quant.kernel import CPU_FLAGS, supported  # lazy: only when a GGUF is chosen
+    without the kernel's instructions, or with neither its library built nor a C compiler to build it."""
+    from ..quant.kernel import CPU_FLAGS, available, supported  # lazy: only when a GGUF is chosen
 
     if not supported():
         if weight_format == "gguf":
@@ -67,6 +67,10 @@ def gguf_choice(path: str | Path, weight_format: str, cache_dir: str) -> tuple[s
     types = {g.tensors[part.tensor].type for p in plan for part in p.parts}
     if weight_format == "auto" and types <= set(FLOATS):
         return "dense", f"auto: the GGUF's projections are {'/'.join(sorted(types))}, not quantized blocks"
+    if not available(cache_dir, frozenset("Q8_0" if t in FLOATS else t for t in types)):
+        if weight_format == "gguf":
+            raise UnsupportedGGUF("weight_format gguf needs a C compiler (gcc) to build the integer kernel once")
+        return "dense", "auto: the integer kernel needs a C compiler (gcc) to build once"
     return "gguf", "asked" if weight_format == "gguf" else "auto: the GGUF's own blocks, integer dot products"
 
 

@@ -75,19 +75,23 @@ def built_library(source: Path, cache_dir: str, what: str, isa: tuple[str, ...] 
     return path
 
 
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
 def _compile(sources: tuple[Path, ...], path: Path, what: str, flags: tuple[str, ...]) -> None:
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
+    cc = compiler()
+    if cc is None:
         raise NativeKernelUnavailable(f"the {what} needs a C compiler (gcc) to build once")
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
         objects = [str(Path(work) / f"{s.stem}.o") for s in sources]
-        jobs = [subprocess.Popen([compiler, *flags, "-c", str(s), "-o", o], stdout=subprocess.DEVNULL,
+        jobs = [subprocess.Popen([cc, *flags, "-c", str(s), "-o", o], stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True) for s, o in zip(sources, objects)]
         errors = [job.communicate()[1] for job in jobs]
         tmp = str(Path(work) / path.name)
         if all(job.returncode == 0 for job in jobs):
-            linked = subprocess.run([compiler, *flags, *objects, "-o", tmp], capture_output=True, text=True)
+            linked = subprocess.run([cc, *flags, *objects, "-o", tmp], capture_output=True, text=True)
             errors.append(linked.stderr if linked.returncode else "")
         failed = next((e for job, e in zip(jobs, errors) if job.returncode), None) or (errors[-1] if len(errors) > len(jobs) else "")
         if failed or not os.path.exists(tmp):

@@ -13,7 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..machine.cpuinfo import cpu_flags, cpu_info
-from ..machine.native_build import CPU_FLAGS, NativeKernelUnavailable, built_library, cpu_supported, existing_library
+from ..machine.native_build import (CPU_FLAGS, NativeKernelUnavailable, built_library, compiler, cpu_supported,
+                                   existing_library)
 
 SOURCE = Path(__file__).with_name("qkernel.c")
 UNITS = (SOURCE.with_name("qkernel_avx512.c"), SOURCE.with_name("qkernel_amx.c"))  # compiled beside it
@@ -96,6 +97,13 @@ def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
     kernel), unless every type's is built already for this CPU (at install: prebuild.py); without, every type and
     path."""
     return _builds.submit(_built, SOURCE, UNITS, "integer kernel", cache_dir, types)
+
+
+def available(cache_dir: str, types: frozenset[str]) -> bool:
+    """Whether load_kernel(cache_dir, types) can have its library: built already (at install, or by an earlier
+    load), or a C compiler to build it (a slim container may have none)."""
+    return compiler() is not None or any(existing_library(SOURCE, cache_dir, extra=_flags(t), units=UNITS)
+                                         for t in (frozenset(TYPES), types))
 
 
 def _built(source: Path, units: tuple[Path, ...], what: str, cache_dir: str, types: frozenset[str] | None) -> Path:
