@@ -102,8 +102,8 @@ def start_build(cache_dir: str, types: frozenset[str] | None = None) -> Future:
 def available(cache_dir: str, types: frozenset[str]) -> bool:
     """Whether load_kernel(cache_dir, types) can have its library: built already (at install, or by an earlier
     load), or a C compiler to build it (a slim container may have none)."""
-    return compiler() is not None or any(existing_library(SOURCE, cache_dir, extra=_flags(t), units=UNITS)
-                                         for t in (frozenset(TYPES), types))
+    return compiler() is not None or any(existing_library(SOURCE, cache_dir, extra=_flags(built), units=UNITS)
+                                         for built in (frozenset(TYPES), types))
 
 
 def _built(source: Path, units: tuple[Path, ...], what: str, cache_dir: str, types: frozenset[str] | None) -> Path:
