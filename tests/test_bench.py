@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -141,6 +142,18 @@ def test_start_up_bench_times_a_whole_run_process_on_a_warm_database(tmp_path):
     assert rows[0]["cpu_s"] > 0 and 100 < rows[0]["max_rss_mib"] and rows[0]["load_1m"] >= 0
     figures = summary(rows + [{"rc": 1, "wall_s": None}])
     assert figures["runs"] == 2 and figures["ok"] == 1 and figures["median_wall_s"] == rows[0]["wall_s"]
+
+
+def test_first_run_bench_times_a_run_on_an_empty_model_cache_and_what_it_writes_there(tmp_path):
+    from batchinfer.engine.loading.loader import default_model_path
+    from benchmarks.startup import first_run, summary
+
+    rows = first_run(tmp_path, repeat=1)
+    assert [r["rc"] for r in rows] == [0] and (tmp_path / "results.jsonl").read_text().count("\n") == 1
+    # issue 46's bound on a first load: the model cache holds no more than the model file (weights in their blocks)
+    assert 0 < rows[0]["cache_bytes"] <= Path(default_model_path()).stat().st_size
+    assert not (tmp_path / "model-cache-0").exists()  # each run's cache is removed after it is measured
+    assert summary(rows)["median_cache_bytes"] == rows[0]["cache_bytes"]
 
 
 def test_start_up_bench_alternates_run_in_two_processes_and_in_one(tmp_path):
