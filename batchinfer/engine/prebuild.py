@@ -30,8 +30,8 @@ def main() -> None:
     started = time.perf_counter()
     try:
         paths = prebuild_kernels()
-    except NativeKernelUnavailable as e:  # no AVX2 or no gcc: the engine runs torch's ops, nothing to build
-        print(f"C kernels not built: {e}")
+    except (NativeKernelUnavailable, OSError) as e:  # no AVX2, no gcc or no writable cache: a first load builds
+        print(f"C kernels not built: {e}")  # what it can then, and the install goes on
         return
     print(f"C kernels ready in {paths[0].parent} ({len(paths)} libraries, {time.perf_counter() - started:.1f} s)")
 
