@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
+#include "../machine/cephes_exp.h"
 
 #define MAX_ROWS 32  // rows of a tile: query heads per KV head times tokens
 #define SCORE_PAD 32  // a group's scores run past its last key to the end of a 16-key vector
@@ -72,20 +73,6 @@ static inline float hmax8(__m256 v) {  // a max is exact in any order
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-
-// Cephes' expf after the clamp and n = floor(x log2(e) + 1/2): r = x - n ln2 in two steps, y = p(r). One definition
-// for both widths (P: the intrinsics' prefix), so exp8 and the AVX-512 exp stay the same bits lane by lane.
-#define EXP_POLY(P, x, n, y) do {                                              \
-    x = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                        \
-    x = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), x);                     \
-    y = P##_set1_ps(1.9875691500e-4f);                                         \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(1.3981999507e-3f));                     \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(8.3334519073e-3f));                     \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(4.1665795894e-2f));                     \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(1.6666665459e-1f));                     \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(5.0000001201e-1f));                     \
-    y = P##_fmadd_ps(y, P##_mul_ps(x, x), P##_add_ps(x, P##_set1_ps(1.0f)));  \
-} while (0)
 
 // exp(x) for x <= 0 (a softmax's scores minus their max), Cephes' expf: x = n ln2 + r, 2^n * p(r). Within 2 ulp
 // of expf; below -87.3 (and -inf, the keys a row does not see) it is exactly 0.

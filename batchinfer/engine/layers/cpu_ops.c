@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include "../machine/cephes_exp.h"
 
 #define PARALLEL_FROM (1 << 15)  // elements from which a call splits its rows over the threads
 
@@ -24,20 +25,14 @@ static inline __m256i tail_mask8(int n) {  // lanes 0..n-1 (n may be <= 0 or >= 
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
 }
 
-// Cephes' expf on [-87.3, 88.3] (arguments clamped): x = n ln2 + r, 2^n * p(r). One body for both widths (P: the
-// intrinsics' prefix, FLOOR and CAST: its floor and int-to-float cast), so the two builds give the same bits.
+// Cephes' expf on [-87.3, 88.3] (arguments clamped): x = n ln2 + r, 2^n * p(r) (cephes_exp.h). One body for both
+// widths (P: the intrinsics' prefix, FLOOR and CAST: its floor and int-to-float cast), so the two builds give the
+// same bits.
 #define EXP_CLAMPED(P, FLOOR, CAST, x, out) do {                                                            \
     x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.3f)), P##_set1_ps(88.3f));                             \
     const __typeof__(x) n = FLOOR(P##_fmadd_ps(x, P##_set1_ps(1.44269504088896341f), P##_set1_ps(0.5f))); \
-    x = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                                 \
-    x = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), x);                                              \
-    __typeof__(x) y = P##_set1_ps(1.9875691500e-4f);                                                    \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(1.3981999507e-3f));                                              \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(8.3334519073e-3f));                                              \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(4.1665795894e-2f));                                              \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(1.6666665459e-1f));                                              \
-    y = P##_fmadd_ps(y, x, P##_set1_ps(5.0000001201e-1f));                                              \
-    y = P##_fmadd_ps(y, P##_mul_ps(x, x), P##_add_ps(x, P##_set1_ps(1.0f)));                            \
+    __typeof__(x) y;                                                                                    \
+    EXP_POLY(P, x, n, y);                                                                               \
     out = P##_mul_ps(y, CAST(P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23)));  \
 } while (0)
 

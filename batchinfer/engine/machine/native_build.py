@@ -19,6 +19,7 @@ AVX2 = ("-mavx2", "-mfma", "-mf16c")
 AVX512 = (*AVX2, "-mavx512f")
 CPU_FLAGS = ("avx2", "fma", "f16c")  # what AVX2 compiles for
 AVX512_CPU_FLAGS = (*CPU_FLAGS, "avx512f")
+SHARED_HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))  # what kernels include from here (cephes_exp.h)
 
 
 class NativeKernelUnavailable(RuntimeError):
@@ -40,10 +41,11 @@ def user_cache() -> Path:
 
 
 def _library(source: Path, isa: tuple[str, ...], extra: tuple[str, ...], units: tuple[Path, ...]) -> tuple[str, tuple[str, ...]]:
-    """The library's file name, keyed by source, the headers beside it and the flags; and the flags."""
+    """The library's file name, keyed by source, the headers beside it, the shared ones (SHARED_HEADERS) and the
+    flags; and the flags."""
     flags = (*FLAGS, *isa, *extra)
     text = b"".join(f.read_bytes() for f in (source, *units))
-    text += b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    text += b"".join(h.read_bytes() for h in (*sorted(source.parent.glob("*.h")), *SHARED_HEADERS))
     return f"{source.stem}-{hashlib.sha256(text + ' '.join(flags).encode()).hexdigest()[:16]}.so", flags
 
 
